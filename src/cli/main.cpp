@@ -1,0 +1,50 @@
+// The `flce` command: run | backends | --help | --version.
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "cli/run.h"
+#include "flce/flce.h"
+
+namespace {
+
+const char* kUsage =
+    "usage: flce <command> [options]\n\n"
+    "commands:\n"
+    "  run        compute loss, lse, per-row outputs and gradients from .npy files\n"
+    "  backends   list the backends in the order they are tried\n\n"
+    "  flce --version     print the version\n"
+    "  flce <command> --help\n\n"
+    "The environment variable FLCE_BACKEND forces a backend by name.\n";
+
+int list_backends_command(int argc) {
+  if (argc > 2) {
+    std::fprintf(stderr, "flce backends: error: takes no arguments\n");
+    return 2;
+  }
+  for (const flce::BackendInfo& b : flce::list_backends())
+    std::printf("%-12s %s\n", b.name.c_str(), b.description.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fputs(kUsage, stderr);
+    return 2;
+  }
+  const std::string command = argv[1];
+  if (command == "--help" || command == "-h" || command == "help") {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  if (command == "--version") {
+    std::printf("flce %s\n", flce::version());
+    return 0;
+  }
+  if (command == "run") return flce::cli::run_command(argc, argv, 2);
+  if (command == "backends") return list_backends_command(argc);
+  std::fprintf(stderr, "flce: error: unknown command '%s' (see flce --help)\n", command.c_str());
+  return 2;
+}

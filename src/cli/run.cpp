@@ -1,0 +1,369 @@
+// `flce run`: reads .npy inputs, validates everything, computes, and only
+// then writes the outputs, each to a temporary name renamed into place, so
+// a bad input or a failure leaves no partial files in --out.
+#include "cli/run.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "cli/args.h"
+#include "common/tensor_access.h"
+#include "flce/flce.h"
+#include "io/npy.h"
+
+namespace flce::cli {
+namespace {
+
+const std::vector<Flag>& run_flags() {
+  static const std::vector<Flag> flags = {
+      {"x", "X.npy", "hidden states [N, H]"},
+      {"w", "W.npy", "head weight [V, H] (or [H, V] with --w-layout hv)"},
+      {"labels", "Y.npy", "labels [N], int32 or int64"},
+      {"logits", "Z.npy", "logits [N, V]: the logits-level entry, instead of --x/--w/--bias"},
+      {"bias", "B.npy", "bias [V]"},
+      {"token-weights", "T.npy", "token weights [N] (default 1)"},
+      {"class-weights", "C.npy", "class weights [V] (default 1)"},
+      {"w-layout", "vh|hv", "how W is stored (default vh, PyTorch's lm_head.weight)"},
+      {"dtype", "f32|bf16|f16", "round x, W, bias (or logits) to this storage first "
+                                "(default: as stored in the files)"},
+      {"logit-scale", "A", "logit scale a > 0 (default 1)"},
+      {"softcap", "K", "softcap k >= 0, 0 = off (default 0)"},
+      {"ignore-index", "I", "label of rows that carry no loss (default -100)"},
+      {"label-smoothing", "E", "label smoothing in [0, 1) (default 0)"},
+      {"z-loss", "L", "z-loss weight >= 0 (default 0)"},
+      {"reduction", "none|sum|mean", "how per-row losses combine (default mean)"},
+      {"grad", nullptr, "also compute gradients"},
+      {"grad-loss", "G.npy", "cotangent of the loss: 0-d for sum/mean, [N] for none"},
+      {"grad-lse", "G.npy", "cotangent of lse [N]"},
+      {"grad-entropy", "G.npy", "cotangent of the entropy [N]"},
+      {"backend", "NAME", "force a backend (see `flce backends`)"},
+      {"threads", "T", "CPU threads, >= 1 (default: all)"},
+      {"out-dtype", "f32|f64", "dtype of the output arrays (default f32)"},
+      {"out", "DIR", "directory for the output .npy files (created if missing)"},
+      {"help", nullptr, "show this help"},
+  };
+  return flags;
+}
+
+// An error for the user: "--flag ...: message".
+struct Failure {
+  std::string message;
+};
+
+// The flag each API argument name comes from, to point errors at the flag.
+const char* flag_of(const std::string& api_name) {
+  static const std::pair<const char*, const char*> table[] = {
+      {"x", "x"}, {"w", "w"}, {"bias", "bias"}, {"logits", "logits"}, {"labels", "labels"},
+      {"token_weights", "token-weights"}, {"class_weights", "class-weights"},
+      {"logit_scale", "logit-scale"}, {"softcap", "softcap"},
+      {"label_smoothing", "label-smoothing"}, {"z_loss", "z-loss"},
+      {"grad_loss", "grad-loss"}, {"grad_lse", "grad-lse"}, {"grad_entropy", "grad-entropy"},
+      {"backend", "backend"}, {"threads", "threads"}};
+  for (auto [api, flag] : table)
+    if (api_name == api) return flag;
+  return nullptr;
+}
+
+// Prefixes an API error with the flag (and file) it came from.
+std::string explain_api_error(const std::string& error, const Args& args) {
+  size_t end = error.find_first_of(" :[");
+  const char* flag = flag_of(error.substr(0, end));
+  if (flag == nullptr) return error;
+  std::string where = std::string("--") + flag;
+  if (args.has(flag) && args.get(flag).find(".npy") != std::string::npos)
+    where += " " + args.get(flag);
+  return where + ": " + error;
+}
+
+Tensor view_of(io::NpyArray& a) {
+  Tensor t;
+  t.data = a.bytes.data();
+  t.dtype = a.dtype;
+  t.ndim = int(a.shape.size());
+  int64_t stride = 1;
+  for (int d = t.ndim - 1; d >= 0 && d < 2; --d) {
+    t.shape[d] = a.shape[d];
+    t.stride[d] = stride;
+    stride *= a.shape[d];
+  }
+  return t;
+}
+
+io::NpyArray make_array(Dtype dtype, std::vector<int64_t> shape) {
+  io::NpyArray a;
+  a.dtype = dtype;
+  a.shape = std::move(shape);
+  a.bytes.assign(size_t(a.numel()) * dtype_size(dtype), 0);
+  return a;
+}
+
+// A copy of `a` with every element converted (rounded) to `dtype`.
+io::NpyArray convert(io::NpyArray& a, Dtype dtype) {
+  io::NpyArray out = make_array(dtype, a.shape);
+  const Tensor src = vector_view(a.bytes.data(), a.dtype, a.numel());
+  const Tensor dst = vector_view(out.bytes.data(), dtype, a.numel());
+  for (int64_t i = 0; i < a.numel(); ++i) store(dst, i, load(src, i));
+  return out;
+}
+
+io::NpyArray load_npy(const Args& args, const char* flag) {
+  io::NpyArray a;
+  if (auto e = io::read_npy(args.get(flag), &a); !e.empty())
+    throw Failure{std::string("--") + flag + ": " + e};
+  if (a.shape.size() > 2)
+    throw Failure{std::string("--") + flag + " " + args.get(flag) + ": " +
+                  std::to_string(a.shape.size()) + "-D array; flce takes 0-D, 1-D or 2-D arrays"};
+  return a;
+}
+
+// x, W, bias or logits: a float array, rounded to --dtype when given.
+io::NpyArray load_storage(const Args& args, const char* flag, int storage) {
+  io::NpyArray a = load_npy(args, flag);
+  if (!dtype_is_float(a.dtype))
+    throw Failure{std::string("--") + flag + " " + args.get(flag) + ": dtype " +
+                  dtype_name(a.dtype) + " is not a float type (float16, float32 or float64)"};
+  static const Dtype storages[] = {Dtype::f32, Dtype::bf16, Dtype::f16};
+  return storage < 0 ? std::move(a) : convert(a, storages[storage]);
+}
+
+// Weights and cotangents: float32 or float64 as given; float16 widened exactly.
+io::NpyArray load_real(const Args& args, const char* flag) {
+  io::NpyArray a = load_npy(args, flag);
+  if (!dtype_is_float(a.dtype))
+    throw Failure{std::string("--") + flag + " " + args.get(flag) + ": dtype " +
+                  dtype_name(a.dtype) + " is not a float type (float16, float32 or float64)"};
+  if (a.dtype == Dtype::f16) a = convert(a, Dtype::f32);
+  return a;
+}
+
+io::NpyArray load_labels(const Args& args) {
+  io::NpyArray a = load_npy(args, "labels");
+  if (a.dtype != Dtype::i32 && a.dtype != Dtype::i64)
+    throw Failure{"--labels " + args.get("labels") + ": dtype " + dtype_name(a.dtype) +
+                  "; labels must be int32 or int64"};
+  return a;
+}
+
+void check(const std::string& error) {
+  if (!error.empty()) throw Failure{error};
+}
+
+// Everything `flce run` holds: inputs as read, outputs to be written.
+struct RunState {
+  std::vector<std::pair<std::string, io::NpyArray*>> outputs;  // file name, array
+  io::NpyArray x, w, bias, logits, labels, token_w, class_w, g_loss, g_lse, g_ent;
+  io::NpyArray loss, lse, logprob, argmax, entropy, zloss, grad_x, grad_w, grad_bias,
+      grad_logits;
+};
+
+Options read_options(const Args& args) {
+  Options o;
+  check(args.get_double("logit-scale", &o.logit_scale));
+  check(args.get_double("softcap", &o.softcap));
+  check(args.get_int("ignore-index", &o.ignore_index));
+  check(args.get_double("label-smoothing", &o.label_smoothing));
+  check(args.get_double("z-loss", &o.z_loss));
+  int reduction = int(Reduction::mean);
+  check(args.get_choice("reduction", {"none", "sum", "mean"}, &reduction));
+  o.reduction = Reduction(reduction);
+  return o;
+}
+
+void check_flag_combinations(const Args& args) {
+  const bool head = args.has("x") || args.has("w") || args.has("bias");
+  if (args.has("logits") && head)
+    throw Failure{"--logits: cannot be combined with --x, --w or --bias (give one entry)"};
+  if (!args.has("logits") && !(args.has("x") && args.has("w")))
+    throw Failure{args.has("x") ? "--w: missing (--x needs --w)"
+                                : "--x: missing (give --x and --w, or --logits)"};
+  if (args.has("logits") && args.has("w-layout"))
+    throw Failure{"--w-layout: only applies with --w"};
+  if (!args.has("labels")) throw Failure{"--labels: missing"};
+  if (!args.has("out")) throw Failure{"--out: missing (the directory for the outputs)"};
+  for (const char* g : {"grad-loss", "grad-lse", "grad-entropy"})
+    if (args.has(g) && !args.has("grad"))
+      throw Failure{std::string("--") + g + ": a cotangent needs --grad"};
+}
+
+// Reads the inputs and fills the problem's input fields.
+void load_inputs(const Args& args, RunState& s, Problem& p) {
+  int storage = -1, layout = 0;
+  check(args.get_choice("dtype", {"f32", "bf16", "f16"}, &storage));
+  check(args.get_choice("w-layout", {"vh", "hv"}, &layout));
+  p.w_layout = WeightLayout(layout);
+  if (args.has("logits")) {
+    s.logits = load_storage(args, "logits", storage);
+    p.logits = view_of(s.logits);
+  } else {
+    s.x = load_storage(args, "x", storage);
+    s.w = load_storage(args, "w", storage);
+    p.x = view_of(s.x);
+    p.w = view_of(s.w);
+    if (args.has("bias")) s.bias = load_storage(args, "bias", storage), p.bias = view_of(s.bias);
+  }
+  s.labels = load_labels(args);
+  p.labels = view_of(s.labels);
+  auto optional = [&](const char* flag, io::NpyArray& a, Tensor& t, bool scalar_ok) {
+    if (!args.has(flag)) return;
+    a = load_real(args, flag);
+    if (scalar_ok && a.shape == std::vector<int64_t>{1}) a.shape.clear();  // [1] as 0-D
+    t = view_of(a);
+  };
+  optional("token-weights", s.token_w, p.token_weights, false);
+  optional("class-weights", s.class_w, p.class_weights, false);
+  const bool scalar_loss = p.options.reduction != Reduction::none;
+  optional("grad-loss", s.g_loss, p.grad_loss, scalar_loss);
+  optional("grad-lse", s.g_lse, p.grad_lse, false);
+  optional("grad-entropy", s.g_ent, p.grad_entropy, false);
+}
+
+// Shapes of the inputs as the API would read them (the API re-validates).
+struct Sizes {
+  int64_t n = 0, v = 0;
+};
+Sizes sizes_of(const Problem& p) {
+  if (p.logits.present()) return {p.logits.shape[0], p.logits.shape[1]};
+  return {p.x.shape[0], p.w.shape[p.w_layout == WeightLayout::vh ? 0 : 1]};
+}
+
+// Allocates every output and points the problem at it.
+void allocate_outputs(RunState& s, Problem& p, Dtype out, bool grad) {
+  const Sizes z = sizes_of(p);
+  auto add = [&](const char* file, io::NpyArray& a, Tensor& t, Dtype dtype,
+                 std::vector<int64_t> shape) {
+    a = make_array(dtype, std::move(shape));
+    t = view_of(a);
+    s.outputs.push_back({file, &a});
+  };
+  const bool scalar = p.options.reduction != Reduction::none;
+  add("loss.npy", s.loss, p.loss, out, scalar ? std::vector<int64_t>{} : std::vector{z.n});
+  add("lse.npy", s.lse, p.lse, out, {z.n});
+  add("logprob.npy", s.logprob, p.logprob, out, {z.n});
+  add("argmax.npy", s.argmax, p.argmax, Dtype::i64, {z.n});
+  add("entropy.npy", s.entropy, p.entropy, out, {z.n});
+  add("zloss.npy", s.zloss, p.zloss, out, {z.n});
+  if (!grad) return;
+  if (p.logits.present()) {
+    add("grad_logits.npy", s.grad_logits, p.grad_logits, out, {z.n, z.v});
+    return;
+  }
+  add("grad_x.npy", s.grad_x, p.grad_x, out, {p.x.shape[0], p.x.shape[1]});
+  add("grad_w.npy", s.grad_w, p.grad_w, out, {p.w.shape[0], p.w.shape[1]});
+  if (p.bias.present()) add("grad_bias.npy", s.grad_bias, p.grad_bias, out, {z.v});
+}
+
+// Writes every output under a temporary name, then renames them all; on any
+// failure removes what it wrote.
+void write_outputs(const RunState& s, const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec || !fs::is_directory(dir))
+    throw Failure{"--out " + dir + ": cannot create the directory" +
+                  (ec ? " (" + ec.message() + ")" : std::string(" (a file is in the way)"))};
+  std::vector<std::pair<fs::path, fs::path>> written;  // temporary, final
+  auto cleanup = [&] {
+    for (auto& [tmp, final_path] : written) fs::remove(tmp, ec);
+  };
+  const std::string suffix = ".tmp" + std::to_string(::getpid());
+  for (auto& [file, array] : s.outputs) {
+    const fs::path final_path = fs::path(dir) / file;
+    const fs::path tmp = fs::path(dir) / ("." + file + suffix);
+    written.push_back({tmp, final_path});
+    if (auto e = io::write_npy(tmp.string(), *array); !e.empty()) {
+      cleanup();
+      throw Failure{"--out: " + e};
+    }
+  }
+  for (auto& [tmp, final_path] : written) {
+    fs::rename(tmp, final_path, ec);
+    if (ec) {
+      cleanup();
+      throw Failure{"--out: cannot rename " + tmp.string() + " to " + final_path.string() + ": " +
+                    ec.message()};
+    }
+  }
+}
+
+void print_summary(const RunState& s, const Status& status, const Problem& p,
+                   const std::string& dir) {
+  const Tensor loss = vector_view(s.loss.bytes.data(), s.loss.dtype, s.loss.numel());
+  const Tensor lse = vector_view(s.lse.bytes.data(), s.lse.dtype, s.lse.numel());
+  static const char* names[] = {"none", "sum", "mean"};
+  std::printf("backend: %s\n", status.backend.c_str());
+  if (p.options.reduction == Reduction::none) {
+    std::printf("loss (none): [");
+    for (int64_t i = 0; i < loss.shape[0] && i < 4; ++i) std::printf("%s%.9g", i ? ", " : "", load(loss, i));
+    std::printf("%s]\n", loss.shape[0] > 4 ? ", ..." : "");
+  } else {
+    std::printf("loss (%s): %.9g\n", names[int(p.options.reduction)], load(loss, 0));
+  }
+  std::printf("lse: [");
+  for (int64_t i = 0; i < lse.shape[0] && i < 4; ++i) std::printf("%s%.9g", i ? ", " : "", load(lse, i));
+  std::printf("%s]\n", lse.shape[0] > 4 ? ", ..." : "");
+  std::printf("wrote %zu files to %s\n", s.outputs.size(), dir.c_str());
+}
+
+int run(const Args& args) {
+  check_flag_combinations(args);
+  RunState s;
+  Problem p;
+  p.options = read_options(args);
+  load_inputs(args, s, p);
+  int out = 0;
+  check(args.get_choice("out-dtype", {"f32", "f64"}, &out));
+  RunConfig config;
+  config.backend = args.get("backend");
+  int64_t threads = 0;
+  check(args.get_int("threads", &threads));
+  if (args.has("threads") && (threads < 1 || threads > 4096))
+    throw Failure{"--threads: " + std::to_string(threads) + " is not in [1, 4096]"};
+  config.threads = int(threads);
+  const bool grad = args.has("grad");
+  allocate_outputs(s, p, out == 0 ? Dtype::f32 : Dtype::f64, grad);
+  const Status status = grad ? loss_and_grad(p, config) : forward(p, config);
+  if (!status.ok()) throw Failure{explain_api_error(status.error, args)};
+  write_outputs(s, args.get("out"));
+  print_summary(s, status, p, args.get("out"));
+  return 0;
+}
+
+}  // namespace
+
+const char* run_usage() {
+  static const std::string text =
+      "usage: flce run --x X.npy --w W.npy --labels Y.npy [options] --out DIR\n"
+      "       flce run --logits Z.npy --labels Y.npy [options] --out DIR\n\n"
+      "Computes the fused linear cross-entropy (README: Semantics) and writes\n"
+      "DIR/loss.npy (0-d for sum and mean), lse.npy, logprob.npy, argmax.npy (int64),\n"
+      "entropy.npy, zloss.npy; with --grad also grad_x.npy, grad_w.npy (in W's layout)\n"
+      "and grad_bias.npy (with --bias), or grad_logits.npy for --logits.\n"
+      "Outputs are float32, or float64 with --out-dtype f64. Nothing is written\n"
+      "unless every input is valid and the computation succeeded.\n\noptions:\n" +
+      describe_flags(run_flags());
+  return text.c_str();
+}
+
+int run_command(int argc, char** argv, int first) {
+  Args args;
+  try {
+    check(args.parse(argc, argv, first, run_flags()));
+    if (args.has("help")) {
+      std::fputs(run_usage(), stdout);
+      return 0;
+    }
+    return run(args);
+  } catch (const Failure& f) {
+    std::fprintf(stderr, "flce run: error: %s\n", f.message.c_str());
+    return 2;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "flce run: error: out of memory\n");
+    return 2;
+  }
+}
+
+}  // namespace flce::cli

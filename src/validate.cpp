@@ -1,0 +1,344 @@
+// Every check on a Problem that does not depend on the backend, in one place.
+// Order: which entry (head or logits), each tensor alone (rank, sizes,
+// strides, dtype, device), shapes against each other, options, label and
+// weight values, which outputs the pass reads or writes, and aliasing.
+#include "validate.h"
+
+#include <cmath>
+#include <cstdio>
+#include <initializer_list>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "common/tensor_access.h"
+
+namespace flce {
+namespace {
+
+std::string format(const char* fmt, auto... args) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf, fmt, args...);
+  return buf;
+}
+
+std::string shape_str(const Tensor& t) {
+  std::string s = "[";
+  for (int d = 0; d < t.ndim; ++d) s += (d ? ", " : "") + std::to_string(t.shape[d]);
+  return s + "]";
+}
+
+std::string dtype_list(std::initializer_list<Dtype> dtypes) {
+  std::string s;
+  for (Dtype d : dtypes) s += (s.empty() ? "" : " or ") + std::string(dtype_name(d));
+  return s;
+}
+
+constexpr std::initializer_list<Dtype> kStorage = {Dtype::f32, Dtype::bf16, Dtype::f16,
+                                                   Dtype::f64};
+constexpr std::initializer_list<Dtype> kReal = {Dtype::f32, Dtype::f64};
+constexpr std::initializer_list<Dtype> kIndex = {Dtype::i64, Dtype::i32};
+
+// Rank, sizes, strides, null data, addressable extent and dtype of one tensor.
+std::string check_tensor(const char* name, const Tensor& t, int ndim, const char* dims,
+                         std::initializer_list<Dtype> dtypes) {
+  if (t.ndim != ndim)
+    return format("%s: expected a %d-D tensor %s, got %d-D", name, ndim, dims, t.ndim);
+  if (dtype_name(t.dtype) == nullptr)
+    return format("%s: dtype value %d is not a flce::Dtype", name, int(t.dtype));
+  bool allowed = false;
+  for (Dtype d : dtypes) allowed |= (d == t.dtype);
+  if (!allowed)
+    return format("%s: dtype %s is not accepted here (expected %s)", name, dtype_name(t.dtype),
+                  dtype_list(dtypes).c_str());
+  if (t.device != Device::cpu && t.device != Device::cuda)
+    return format("%s: device value %d is not a flce::Device", name, int(t.device));
+  int64_t last = 0;  // offset of the last element, in elements
+  for (int d = 0; d < ndim; ++d) {
+    if (t.shape[d] <= 0)
+      return format("%s: size %lld in dimension %d (shape %s); every size must be >= 1", name,
+                    (long long)t.shape[d], d, shape_str(t).c_str());
+    if (t.shape[d] > 1 && t.stride[d] < 1)
+      return format("%s: stride[%d] = %lld; strides must be >= 1", name, d,
+                    (long long)t.stride[d]);
+    int64_t span;
+    if (__builtin_mul_overflow(t.shape[d] - 1, t.stride[d], &span) ||
+        __builtin_add_overflow(last, span, &last))
+      return format("%s: shape %s is too large to index with 64-bit offsets", name,
+                    shape_str(t).c_str());
+  }
+  int64_t bytes;
+  if (__builtin_mul_overflow(last + 1, int64_t(dtype_size(t.dtype)), &bytes))
+    return format("%s: shape %s is too large to index with 64-bit offsets", name,
+                  shape_str(t).c_str());
+  if (t.data == nullptr) return format("%s: data pointer is null", name);
+  return "";
+}
+
+std::string check_size(const char* name, const Tensor& t, int dim, int64_t want,
+                       const char* what) {
+  if (t.shape[dim] == want) return "";
+  return format("%s: shape %s does not match %s = %lld", name, shape_str(t).c_str(), what,
+                (long long)want);
+}
+
+// The head (x, w, bias) or the logits, and the sizes they imply.
+std::string check_inputs(const Problem& p, Dims* d) {
+  const bool head = p.x.present() || p.w.present() || p.bias.present();
+  if (p.logits.present() && head)
+    return "logits: given together with x/w/bias; give either the head (x, w, bias) or the logits";
+  if (!p.logits.present() && !(p.x.present() && p.w.present()))
+    return p.x.present() ? "w: missing (the head needs x and w)"
+                         : "x: missing (give x and w, or logits)";
+  if (p.logits.present()) {
+    if (auto e = check_tensor("logits", p.logits, 2, "[N, V]", kStorage); !e.empty()) return e;
+    *d = {p.logits.shape[0], 0, p.logits.shape[1], true};
+  } else {
+    if (auto e = check_tensor("x", p.x, 2, "[N, H]", kStorage); !e.empty()) return e;
+    if (p.w_layout != WeightLayout::vh && p.w_layout != WeightLayout::hv)
+      return format("w_layout: value %d is neither vh nor hv", int(p.w_layout));
+    const bool vh = p.w_layout == WeightLayout::vh;
+    if (auto e = check_tensor("w", p.w, 2, vh ? "[V, H]" : "[H, V]", kStorage); !e.empty())
+      return e;
+    const int h_dim = vh ? 1 : 0;
+    if (p.w.shape[h_dim] != p.x.shape[1])
+      return format("w: shape %s does not match x %s: with w_layout %s, w is %s with H = %lld",
+                    shape_str(p.w).c_str(), shape_str(p.x).c_str(), vh ? "vh" : "hv",
+                    vh ? "[V, H]" : "[H, V]", (long long)p.x.shape[1]);
+    *d = {p.x.shape[0], p.x.shape[1], p.w.shape[1 - h_dim], false};
+    if (p.bias.present()) {
+      if (auto e = check_tensor("bias", p.bias, 1, "[V]", kStorage); !e.empty()) return e;
+      if (auto e = check_size("bias", p.bias, 0, d->v, "V"); !e.empty()) return e;
+    }
+  }
+  int64_t nv;
+  if (__builtin_mul_overflow(d->n, d->v, &nv) ||
+      (!d->logits_entry && __builtin_mul_overflow(d->v, d->h, &nv)))
+    return format("x: N = %lld, H = %lld, V = %lld are too large to index with 64-bit offsets",
+                  (long long)d->n, (long long)d->h, (long long)d->v);
+  if (auto e = check_tensor("labels", p.labels, 1, "[N]", kIndex); !e.empty())
+    return p.labels.present() ? e : "labels: missing";
+  if (auto e = check_size("labels", p.labels, 0, d->n, "N"); !e.empty()) return e;
+  if (p.token_weights.present()) {
+    if (auto e = check_tensor("token_weights", p.token_weights, 1, "[N]", kReal); !e.empty())
+      return e;
+    if (auto e = check_size("token_weights", p.token_weights, 0, d->n, "N"); !e.empty()) return e;
+  }
+  if (p.class_weights.present()) {
+    if (auto e = check_tensor("class_weights", p.class_weights, 1, "[V]", kReal); !e.empty())
+      return e;
+    if (auto e = check_size("class_weights", p.class_weights, 0, d->v, "V"); !e.empty()) return e;
+  }
+  return "";
+}
+
+std::string check_options(const Options& o) {
+  if (!(std::isfinite(o.logit_scale) && o.logit_scale > 0))
+    return format("logit_scale = %g: must be finite and > 0", o.logit_scale);
+  if (!(std::isfinite(o.softcap) && o.softcap >= 0))
+    return format("softcap = %g: must be finite and >= 0 (0 turns the softcap off)", o.softcap);
+  if (!(o.label_smoothing >= 0 && o.label_smoothing < 1))
+    return format("label_smoothing = %g: must be in [0, 1)", o.label_smoothing);
+  if (!(std::isfinite(o.z_loss) && o.z_loss >= 0))
+    return format("z_loss = %g: must be finite and >= 0", o.z_loss);
+  if (o.reduction != Reduction::none && o.reduction != Reduction::sum &&
+      o.reduction != Reduction::mean)
+    return format("reduction: value %d is not none, sum or mean", int(o.reduction));
+  return "";
+}
+
+// Label range and weight signs need the data: checked here for host tensors.
+// (A device backend checks device-resident values itself.)
+std::string check_values(const Problem& p, const Dims& d) {
+  if (p.labels.device == Device::cpu) {
+    for (int64_t i = 0; i < d.n; ++i) {
+      const int64_t y = load_int(p.labels, i);
+      if (y != p.options.ignore_index && (y < 0 || y >= d.v))
+        return format("labels[%lld] = %lld is outside [0, V) with V = %lld and is not "
+                      "ignore_index (%lld)",
+                      (long long)i, (long long)y, (long long)d.v,
+                      (long long)p.options.ignore_index);
+    }
+  }
+  for (auto [name, t] : {std::pair{"token_weights", &p.token_weights},
+                         std::pair{"class_weights", &p.class_weights}}) {
+    if (!t->present() || t->device != Device::cpu) continue;
+    for (int64_t i = 0; i < t->shape[0]; ++i) {
+      const double w = load(*t, i);
+      if (!(std::isfinite(w) && w >= 0))
+        return format("%s[%lld] = %g: weights must be finite and >= 0", name, (long long)i, w);
+    }
+  }
+  return "";
+}
+
+struct Arg {
+  const char* name;
+  const Tensor* t;
+};
+
+// Which outputs and cotangents each pass takes, and their shapes and dtypes.
+std::string check_outputs(const Problem& p, Pass pass, const Dims& d) {
+  const bool fwd = pass != Pass::backward, bwd = pass != Pass::forward;
+  const Dtype in = d.logits_entry ? p.logits.dtype : p.x.dtype;
+  const std::initializer_list<Dtype> grad_dtypes = {Dtype::f32, Dtype::f64, in};
+  const bool scalar_loss = p.options.reduction != Reduction::none;
+  if (fwd && !p.loss.present()) return format("loss: missing; %s() writes the loss", pass_name(pass));
+  if (!p.lse.present())
+    return bwd && !fwd ? "lse: missing; backward() reads the lse saved by forward()"
+                       : format("lse: missing; %s() writes the lse", pass_name(pass));
+  for (Arg a : {Arg{"loss", &p.loss}, Arg{"logprob", &p.logprob}, Arg{"argmax", &p.argmax},
+                Arg{"entropy", &p.entropy}, Arg{"zloss", &p.zloss}}) {
+    if (a.t->present() && !fwd)
+      return format("%s: given, but backward() writes no forward outputs (use loss_and_grad())",
+                    a.name);
+  }
+  for (Arg a : {Arg{"grad_loss", &p.grad_loss}, Arg{"grad_lse", &p.grad_lse},
+                Arg{"grad_entropy", &p.grad_entropy}, Arg{"grad_x", &p.grad_x},
+                Arg{"grad_w", &p.grad_w}, Arg{"grad_bias", &p.grad_bias},
+                Arg{"grad_logits", &p.grad_logits}}) {
+    if (a.t->present() && !bwd)
+      return format("%s: given, but forward() computes no gradients (use loss_and_grad())",
+                    a.name);
+  }
+  if (bwd && !p.grad_x.present() && !p.grad_w.present() && !p.grad_bias.present() &&
+      !p.grad_logits.present())
+    return format("grad_x: %s() was given no gradient output (grad_x, grad_w, grad_bias or "
+                  "grad_logits)", pass_name(pass));
+  if (d.logits_entry && (p.grad_x.present() || p.grad_w.present() || p.grad_bias.present()))
+    return "grad_x: the logits-level entry writes grad_logits, not grad_x/grad_w/grad_bias";
+  if (!d.logits_entry && p.grad_logits.present())
+    return "grad_logits: only the logits-level entry (logits given) writes grad_logits";
+  if (p.grad_bias.present() && !p.bias.present())
+    return "grad_bias: given, but the problem has no bias";
+
+  struct Want {
+    const char* name;
+    const Tensor* t;
+    int ndim;
+    const char* dims;
+    std::initializer_list<Dtype> dtypes;
+    int64_t size0, size1;
+  };
+  const int64_t w0 = p.w.shape[0], w1 = p.w.shape[1];
+  const Want wants[] = {
+      {"loss", &p.loss, scalar_loss ? 0 : 1, scalar_loss ? "[] (0-D)" : "[N]", kReal, d.n, 0},
+      {"lse", &p.lse, 1, "[N]", kReal, d.n, 0},
+      {"logprob", &p.logprob, 1, "[N]", kReal, d.n, 0},
+      {"argmax", &p.argmax, 1, "[N]", kIndex, d.n, 0},
+      {"entropy", &p.entropy, 1, "[N]", kReal, d.n, 0},
+      {"zloss", &p.zloss, 1, "[N]", kReal, d.n, 0},
+      {"grad_loss", &p.grad_loss, scalar_loss ? 0 : 1, scalar_loss ? "[] (0-D)" : "[N]", kReal,
+       d.n, 0},
+      {"grad_lse", &p.grad_lse, 1, "[N]", kReal, d.n, 0},
+      {"grad_entropy", &p.grad_entropy, 1, "[N]", kReal, d.n, 0},
+      {"grad_x", &p.grad_x, 2, "[N, H]", grad_dtypes, d.n, d.h},
+      {"grad_w", &p.grad_w, 2, "w's shape", grad_dtypes, w0, w1},
+      {"grad_bias", &p.grad_bias, 1, "[V]", grad_dtypes, d.v, 0},
+      {"grad_logits", &p.grad_logits, 2, "[N, V]", grad_dtypes, d.n, d.v},
+  };
+  for (const Want& w : wants) {
+    if (!w.t->present()) continue;
+    if (auto e = check_tensor(w.name, *w.t, w.ndim, w.dims, w.dtypes); !e.empty()) return e;
+    if (w.ndim >= 1 && w.t->shape[0] != w.size0)
+      return format("%s: shape %s, expected %s = [%lld%s]", w.name, shape_str(*w.t).c_str(),
+                    w.dims, (long long)w.size0,
+                    w.ndim == 2 ? (", " + std::to_string(w.size1)).c_str() : "");
+    if (w.ndim == 2 && w.t->shape[1] != w.size1)
+      return format("%s: shape %s, expected %s = [%lld, %lld]", w.name, shape_str(*w.t).c_str(),
+                    w.dims, (long long)w.size0, (long long)w.size1);
+  }
+  return "";
+}
+
+// Every tensor, for the device and aliasing checks.
+std::vector<Arg> inputs_of(const Problem& p, Pass pass) {
+  std::vector<Arg> v = {{"x", &p.x},         {"w", &p.w},
+                        {"bias", &p.bias},   {"logits", &p.logits},
+                        {"labels", &p.labels}, {"token_weights", &p.token_weights},
+                        {"class_weights", &p.class_weights}, {"grad_loss", &p.grad_loss},
+                        {"grad_lse", &p.grad_lse}, {"grad_entropy", &p.grad_entropy}};
+  if (pass == Pass::backward) v.push_back({"lse", &p.lse});
+  return v;
+}
+
+std::vector<Arg> outputs_of(const Problem& p, Pass pass) {
+  std::vector<Arg> v = {{"loss", &p.loss},       {"logprob", &p.logprob},
+                        {"argmax", &p.argmax},   {"entropy", &p.entropy},
+                        {"zloss", &p.zloss},     {"grad_x", &p.grad_x},
+                        {"grad_w", &p.grad_w},   {"grad_bias", &p.grad_bias},
+                        {"grad_logits", &p.grad_logits}};
+  if (pass != Pass::backward) v.push_back({"lse", &p.lse});
+  return v;
+}
+
+struct ByteRange {
+  uintptr_t begin, end;
+};
+ByteRange bytes_of(const Tensor& t) {
+  int64_t last = 0;
+  for (int d = 0; d < t.ndim; ++d) last += (t.shape[d] - 1) * t.stride[d];
+  const auto begin = reinterpret_cast<uintptr_t>(t.data);
+  return {begin, begin + uintptr_t(last + 1) * dtype_size(t.dtype)};
+}
+
+bool same_view(const Tensor& a, const Tensor& b) {
+  return a.data == b.data && a.dtype == b.dtype && a.ndim == b.ndim &&
+         a.shape[0] == b.shape[0] && a.shape[1] == b.shape[1] && a.stride[0] == b.stride[0] &&
+         a.stride[1] == b.stride[1];
+}
+
+std::string check_devices_and_aliasing(const Problem& p, Pass pass) {
+  const Tensor& first = p.logits.present() ? p.logits : p.x;
+  std::vector<Arg> all = inputs_of(p, pass), outs = outputs_of(p, pass);
+  all.insert(all.end(), outs.begin(), outs.end());
+  for (Arg a : all) {
+    if (a.t->present() && (a.t->device != first.device || a.t->device_index != first.device_index))
+      return format("%s: lives on %s:%d but %s is on %s:%d; all tensors must share one device",
+                    a.name, a.t->device == Device::cpu ? "cpu" : "cuda", a.t->device_index,
+                    p.logits.present() ? "logits" : "x", first.device == Device::cpu ? "cpu" : "cuda",
+                    first.device_index);
+  }
+  for (size_t i = 0; i < outs.size(); ++i) {
+    if (!outs[i].t->present()) continue;
+    const ByteRange r = bytes_of(*outs[i].t);
+    for (Arg other : all) {
+      if (other.t == outs[i].t || !other.t->present()) continue;
+      if (outs[i].t == &p.grad_logits && other.t == &p.logits && same_view(p.grad_logits, p.logits))
+        continue;  // in place, as Liger and Unsloth do
+      const ByteRange o = bytes_of(*other.t);
+      if (r.begin < o.end && o.begin < r.end)
+        return format("%s: overlaps %s in memory; outputs may not alias inputs or other outputs "
+                      "(only grad_logits may be exactly the logits, for in-place use)",
+                      outs[i].name, other.name);
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string validate(const Problem& p, Pass pass, Dims* dims) {
+  if (pass != Pass::forward && pass != Pass::backward && pass != Pass::loss_and_grad)
+    return format("pass: value %d is not forward, backward or loss_and_grad", int(pass));
+  Dims d;
+  if (auto e = check_inputs(p, &d); !e.empty()) return e;
+  if (auto e = check_options(p.options); !e.empty()) return e;
+  if (auto e = check_outputs(p, pass, d); !e.empty()) return e;
+  if (auto e = check_devices_and_aliasing(p, pass); !e.empty()) return e;
+  if (auto e = check_values(p, d); !e.empty()) return e;
+  *dims = d;
+  return "";
+}
+
+Dims dims_of(const Problem& p) {
+  if (p.logits.present()) return {p.logits.shape[0], 0, p.logits.shape[1], true};
+  const bool vh = p.w_layout == WeightLayout::vh;
+  return {p.x.shape[0], p.x.shape[1], p.w.shape[vh ? 0 : 1], false};
+}
+
+Tensor w_as_vh(const Tensor& w, WeightLayout layout) {
+  return layout == WeightLayout::vh ? w : transposed(w);
+}
+
+}  // namespace flce
