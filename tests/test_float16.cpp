@@ -1,0 +1,114 @@
+// bf16/f16 conversions: round to nearest even, once, from the source value.
+// Oracles: the CPU's own F16C instruction (vcvtps2ph) for f32 -> f16, and
+// the integer round-half-even formula for f32 -> bf16; exhaustive decoding.
+#include <gtest/gtest.h>
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "common/float16.h"
+
+namespace flce {
+namespace {
+
+uint32_t bits_of(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+float float_of(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// The textbook bf16 rounding of an f32 bit pattern (non-NaN): add half an
+// ulp of bf16 minus one, plus the lowest kept bit, and truncate.
+uint16_t bf16_by_integer_rounding(float f) {
+  const uint32_t u = bits_of(f);
+  return uint16_t((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+}
+
+__attribute__((target("f16c"))) uint16_t f16_by_hardware(float f) {
+  return uint16_t(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT));
+}
+
+TEST(Float16, F16DecodeEncodeRoundTripsEveryPattern) {
+  for (uint32_t b = 0; b < 65536; ++b) {
+    const float f = f16_to_f32(uint16_t(b));
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(f16_to_f32(f32_to_f16(f))));
+      continue;
+    }
+    ASSERT_EQ(f32_to_f16(f), b) << "pattern " << b;
+    ASSERT_EQ(f64_to_f16(double(f)), b) << "pattern " << b;
+  }
+}
+
+TEST(Float16, Bf16DecodeEncodeRoundTripsEveryPattern) {
+  for (uint32_t b = 0; b < 65536; ++b) {
+    const float f = bf16_to_f32(uint16_t(b));
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(f32_to_bf16(f), b) << "pattern " << b;
+    ASSERT_EQ(f64_to_bf16(double(f)), b) << "pattern " << b;
+  }
+}
+
+TEST(Float16, F32ToF16MatchesF16cInstruction) {
+  if (!__builtin_cpu_supports("f16c")) GTEST_SKIP() << "this CPU has no F16C";
+  std::mt19937 rng(7);
+  for (int i = 0; i < 2000000; ++i) {
+    float f = float_of(rng());
+    if (std::isnan(f)) continue;
+    if (i % 2) f = std::ldexp(float(rng() % 65536) / 65536.0f + 1.0f, int(rng() % 44) - 28);
+    ASSERT_EQ(f32_to_f16(f), f16_by_hardware(f)) << "value " << f;
+  }
+}
+
+TEST(Float16, F32ToBf16MatchesIntegerRounding) {
+  std::mt19937 rng(11);
+  for (int i = 0; i < 2000000; ++i) {
+    const float f = float_of(rng());
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(f32_to_bf16(f), bf16_by_integer_rounding(f)) << "value " << f;
+  }
+}
+
+TEST(Float16, TiesGoToEven) {
+  // 1 + 2^-8 lies halfway between bf16 1 and 1 + 2^-7: ties to 1 (even).
+  EXPECT_EQ(f64_to_bf16(1.0 + std::ldexp(1.0, -8)), 0x3F80);
+  // 1 + 3 * 2^-8 lies halfway between 1 + 2^-7 and 1 + 2^-6: ties to even 1 + 2^-6.
+  EXPECT_EQ(f64_to_bf16(1.0 + 3 * std::ldexp(1.0, -8)), 0x3F82);
+  // f16: 2049 lies halfway between 2048 and 2050: ties to 2048.
+  EXPECT_EQ(f64_to_f16(2049.0), f32_to_f16(2048.0f));
+}
+
+TEST(Float16, F64RoundsOnceNotThroughF32) {
+  // Just above the bf16 midpoint 1 + 2^-8 by less than half an f32 ulp:
+  // through f32 it would land on the midpoint and tie down to 1.0; rounded
+  // once it goes up to 1 + 2^-7.
+  const double v = 1.0 + std::ldexp(1.0, -8) + std::ldexp(1.0, -30);
+  EXPECT_EQ(f64_to_bf16(v), 0x3F81);
+  EXPECT_EQ(f32_to_bf16(float(v)), 0x3F80);
+}
+
+TEST(Float16, OverflowSubnormalsAndSpecials) {
+  EXPECT_EQ(f64_to_f16(65504.0), 0x7BFF);        // largest finite f16
+  EXPECT_EQ(f64_to_f16(65520.0), 0x7C00);        // rounds up to +Inf
+  EXPECT_EQ(f64_to_f16(-1e10), 0xFC00);
+  EXPECT_EQ(f64_to_f16(std::ldexp(1.0, -24)), 0x0001);  // smallest subnormal
+  EXPECT_EQ(f64_to_f16(std::ldexp(1.0, -25)), 0x0000);  // half of it: ties to 0
+  EXPECT_EQ(f64_to_f16(std::ldexp(1.5, -25)), 0x0001);
+  EXPECT_EQ(f64_to_bf16(-0.0), 0x8000);
+  EXPECT_EQ(f64_to_bf16(INFINITY), 0x7F80);
+  EXPECT_EQ(f64_to_bf16(3.5e38), 0x7F80);
+  EXPECT_TRUE(std::isnan(bf16_to_f32(f64_to_bf16(NAN))));
+  EXPECT_TRUE(std::isnan(f16_to_f32(f64_to_f16(-NAN))));
+  EXPECT_EQ(f16_to_f32(0x3C00), 1.0f);
+  EXPECT_EQ(f16_to_f32(0x8001), -std::ldexp(1.0f, -24));
+}
+
+}  // namespace
+}  // namespace flce
