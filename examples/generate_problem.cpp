@@ -1,0 +1,62 @@
+// Writes a random LM-head problem as .npy files: x [N, H], w [V, H] and
+// labels [N] (int64, with --ignored rows set to -100). Used by the demo.
+//   generate_problem --n 64 --h 256 --v 32000 [--ignored 8] [--seed 1] --out DIR
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <string>
+
+#include "io/npy.h"
+
+namespace {
+
+flce::io::NpyArray array_of(flce::Dtype dtype, std::vector<int64_t> shape, const void* data) {
+  flce::io::NpyArray a;
+  a.dtype = dtype;
+  a.shape = std::move(shape);
+  const auto* bytes = static_cast<const unsigned char*>(data);
+  a.bytes.assign(bytes, bytes + a.numel() * flce::dtype_size(dtype));
+  return a;
+}
+
+bool save(const std::string& path, const flce::io::NpyArray& a) {
+  const std::string error = flce::io::write_npy(path, a);
+  if (!error.empty()) std::fprintf(stderr, "generate_problem: %s\n", error.c_str());
+  return error.empty();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  long long n = 0, h = 0, v = 0, ignored = 0, seed = 1;
+  std::string out;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    long long* target = flag == "--n" ? &n : flag == "--h" ? &h : flag == "--v" ? &v
+                      : flag == "--ignored" ? &ignored : flag == "--seed" ? &seed : nullptr;
+    if (flag == "--out") out = argv[i + 1];
+    else if (target) *target = std::atoll(argv[i + 1]);
+    else return std::fprintf(stderr, "generate_problem: unknown option %s\n", argv[i]), 2;
+  }
+  if (n < 1 || h < 1 || v < 1 || ignored < 0 || ignored > n || out.empty()) {
+    std::fprintf(stderr, "usage: generate_problem --n N --h H --v V [--ignored K] [--seed S] --out DIR\n");
+    return 2;
+  }
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(n * h), w(v * h);
+  for (float& e : x) e = normal(rng);
+  const float w_scale = 2.0f / std::sqrt(float(h));  // logits of order 2
+  for (float& e : w) e = w_scale * normal(rng);
+  std::vector<int64_t> labels(n);
+  for (long long i = 0; i < n; ++i) labels[i] = i < ignored ? -100 : int64_t(rng() % v);
+  std::filesystem::create_directories(out);
+  const bool ok = save(out + "/x.npy", array_of(flce::Dtype::f32, {n, h}, x.data())) &&
+                  save(out + "/w.npy", array_of(flce::Dtype::f32, {v, h}, w.data())) &&
+                  save(out + "/labels.npy", array_of(flce::Dtype::i64, {n}, labels.data()));
+  if (ok) std::printf("wrote x [%lld, %lld], w [%lld, %lld], labels [%lld] to %s\n", n, h, v, h, n, out.c_str());
+  return ok ? 0 : 1;
+}
