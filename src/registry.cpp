@@ -36,7 +36,7 @@ std::string choose_backend(const Problem& problem, Pass pass, const RunConfig& c
   if (!forced.empty()) {
     for (const Backend* b : backend_list()) {
       if (forced != b->name()) continue;
-      const Support s = b->supports(problem, pass);
+      const Support s = b->supports(problem, pass, config);
       if (!s.accepted()) return source + " = " + forced + ": declines this problem: " + s.reason;
       *chosen = b;
       return "";
@@ -45,7 +45,7 @@ std::string choose_backend(const Problem& problem, Pass pass, const RunConfig& c
   }
   std::string reasons;
   for (const Backend* b : backend_list()) {
-    const Support s = b->supports(problem, pass);
+    const Support s = b->supports(problem, pass, config);
     if (s.accepted()) {
       *chosen = b;
       return "";

@@ -144,6 +144,10 @@ std::string check_options(const Options& o) {
   if (o.reduction != Reduction::none && o.reduction != Reduction::sum &&
       o.reduction != Reduction::mean)
     return format("reduction: value %d is not none, sum or mean", int(o.reduction));
+  if (o.grad_logits_dtype != GradLogitsDtype::f32 &&
+      o.grad_logits_dtype != GradLogitsDtype::storage)
+    return format("grad_logits_dtype: value %d is neither f32 nor storage",
+                  int(o.grad_logits_dtype));
   return "";
 }
 

@@ -30,7 +30,8 @@ class Backend {
   // One line for `flce backends`: what it is and what it picked here.
   virtual std::string describe() const = 0;
   // Called only with validated problems.
-  virtual Support supports(const Problem& problem, Pass pass) const = 0;
+  virtual Support supports(const Problem& problem, Pass pass,
+                           const RunConfig& config) const = 0;
   virtual size_t workspace_bytes(const Problem& problem, Pass pass,
                                  const RunConfig& config) const = 0;
   // `workspace` holds at least workspace_bytes() bytes. Returns an error

@@ -21,6 +21,11 @@ enum class Reduction : int { none, sum, mean };
 // How the head weight is stored: [V, H] is PyTorch's lm_head.weight.
 enum class WeightLayout : int { vh, hv };
 
+// The dtype dlogits are cast to before the two gradient GEMMs: f32 (exact
+// to f32), or the storage dtype of x and W (faster with bf16 GEMMs, less
+// precise; what GPU kernels do). The reference backend always uses float64.
+enum class GradLogitsDtype : int { f32, storage };
+
 // The scalar options of the loss (README, "Semantics").
 struct Options {
   double logit_scale = 1.0;      // a > 0:  z = a * (x . W_j + b_j)
@@ -29,6 +34,7 @@ struct Options {
   double label_smoothing = 0.0;  // e in [0, 1)
   double z_loss = 0.0;           // l >= 0: adds l * lse^2 per row
   Reduction reduction = Reduction::mean;
+  GradLogitsDtype grad_logits_dtype = GradLogitsDtype::f32;
 };
 
 // Everything a backend reads. Shapes use N rows (tokens), H hidden units and
@@ -75,6 +81,9 @@ struct RunConfig {
   // set, else the first backend in the list that accepts the problem.
   std::string backend;
   int threads = 0;  // CPU threads; 0 = the backend's default
+  // Force the cpu backend's GEMM engine ("openblas", "onednn", "eigen");
+  // empty: the measured default for the dtype.
+  std::string gemm;
   // Opaque stream handle (a cudaStream_t for a CUDA backend; ignored on CPU).
   void* stream = nullptr;
   // Optional caller-owned scratch of at least workspace_size() bytes. When

@@ -40,7 +40,9 @@ const std::vector<Flag>& run_flags() {
       {"grad-loss", "G.npy", "cotangent of the loss: 0-d for sum/mean, [N] for none"},
       {"grad-lse", "G.npy", "cotangent of lse [N]"},
       {"grad-entropy", "G.npy", "cotangent of the entropy [N]"},
+      {"grad-logits", "f32|storage", "dtype of dlogits before the gradient GEMMs (cpu; default f32)"},
       {"backend", "NAME", "force a backend (see `flce backends`)"},
+      {"gemm", "NAME", "force the cpu backend's GEMM engine: openblas|onednn|eigen"},
       {"threads", "T", "CPU threads, >= 1 (default: all)"},
       {"out-dtype", "f32|f64", "dtype of the output arrays (default f32)"},
       {"out", "DIR", "directory for the output .npy files (created if missing)"},
@@ -62,7 +64,8 @@ const char* flag_of(const std::string& api_name) {
       {"logit_scale", "logit-scale"}, {"softcap", "softcap"},
       {"label_smoothing", "label-smoothing"}, {"z_loss", "z-loss"},
       {"grad_loss", "grad-loss"}, {"grad_lse", "grad-lse"}, {"grad_entropy", "grad-entropy"},
-      {"backend", "backend"}, {"threads", "threads"}};
+      {"backend", "backend"}, {"threads", "threads"}, {"gemm", "gemm"},
+      {"grad_logits_dtype", "grad-logits"}};
   for (auto [api, flag] : table)
     if (api_name == api) return flag;
   return nullptr;
@@ -170,6 +173,9 @@ Options read_options(const Args& args) {
   int reduction = int(Reduction::mean);
   check(args.get_choice("reduction", {"none", "sum", "mean"}, &reduction));
   o.reduction = Reduction(reduction);
+  int grad_logits = int(GradLogitsDtype::f32);
+  check(args.get_choice("grad-logits", {"f32", "storage"}, &grad_logits));
+  o.grad_logits_dtype = GradLogitsDtype(grad_logits);
   return o;
 }
 
@@ -318,6 +324,7 @@ int run(const Args& args) {
   check(args.get_choice("out-dtype", {"f32", "f64"}, &out));
   RunConfig config;
   config.backend = args.get("backend");
+  config.gemm = args.get("gemm");
   int64_t threads = 0;
   check(args.get_int("threads", &threads));
   if (args.has("threads") && (threads < 1 || threads > 4096))

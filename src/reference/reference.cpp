@@ -314,7 +314,7 @@ class ReferenceBackend final : public Backend {
   std::string describe() const override {
     return "float64 oracle: plain loops, exact semantics, any host dtype";
   }
-  Support supports(const Problem& p, Pass) const override {
+  Support supports(const Problem& p, Pass, const RunConfig&) const override {
     const Tensor& first = p.logits.present() ? p.logits : p.x;
     if (first.device != Device::cpu)
       return Support::decline("the reference backend reads host memory; the tensors are on a "
