@@ -5,12 +5,14 @@
 
 #include <cstdlib>
 
+#include "cpu/cpu_backend.h"
 #include "reference/reference.h"
 
 namespace flce {
 
 const std::vector<const Backend*>& backend_list() {
   static const std::vector<const Backend*> list = {
+      &cpu_backend(),
       &reference_backend(),
   };
   return list;

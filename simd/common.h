@@ -1,0 +1,65 @@
+// simd/common.h: helpers shared by every ISA's kernels (internal).
+//
+// Everything here has internal linkage and uses only builtins: the header is
+// compiled into TUs built with -mavx512f / -mavx2, and an inline function
+// with external linkage (a std:: template, say) instantiated there could be
+// the copy the linker keeps for the baseline code too.
+#pragma once
+
+#include <cstdint>
+
+#include "simd/kernels.h"
+
+namespace flce::simd::detail {
+namespace {
+
+constexpr float kInf = __builtin_inff();
+
+inline bool is_finite(float v) { return __builtin_isfinite(v); }
+inline bool is_nan(float v) { return __builtin_isnan(v); }
+
+// The shift every sum of a state is relative to: the max if finite, else 0
+// (an infinite max is not subtracted, as the reference's lse: +inf scores give
+// sum_exp = +inf, a state that has seen only -inf (or nothing) has zero sums).
+inline float shift_of(float max) { return is_finite(max) ? max : 0.0f; }
+
+// Lower of two indices where -1 means "none".
+inline int64_t min_index(int64_t a, int64_t b) {
+  if (a < 0) return b;
+  if (b < 0) return a;
+  return a < b ? a : b;
+}
+
+// Whether the tile's own argmax can change the state's: the state's max is
+// beaten, or tied and the state's argmax is not already below the tile.
+inline bool tile_argmax_needed(const SoftmaxState* st, float tile_max, int64_t j0) {
+  if (tile_max > st->max) return true;
+  if (tile_max < st->max) return false;
+  return !(st->argmax >= 0 && st->argmax < j0);
+}
+
+// Folds one tile into *st. The tile's sums are relative to
+// shift_of(max(st->max, tile_max)); tile_argmax/tile_first_nan are global
+// indices or -1. The old sums are rescaled by exp(shift(old) - shift(new));
+// a state whose max is -inf has (non-NaN) zero sums, so its factor is 0,
+// and a NaN in its sums still propagates.
+inline void fold_tile(SoftmaxState* st, float tile_max, float sum_exp, float sum_exp_s,
+                      float sum_cs, int64_t tile_argmax, int64_t tile_first_nan) {
+  const float m0 = st->max;
+  const float m = tile_max > m0 ? tile_max : m0;
+  float f = 1.0f;
+  if (m0 != m) f = (m0 == -kInf) ? 0.0f : __builtin_expf(shift_of(m0) - shift_of(m));
+  st->sum_exp = st->sum_exp * f + sum_exp;
+  st->sum_exp_s = st->sum_exp_s * f + sum_exp_s;
+  st->sum_cs = st->sum_cs + sum_cs;
+  if (tile_max > m0) {
+    if (tile_argmax >= 0) st->argmax = tile_argmax;
+  } else if (tile_max == m0) {
+    st->argmax = min_index(st->argmax, tile_argmax);
+  }
+  st->max = m;
+  st->first_nan = min_index(st->first_nan, tile_first_nan);
+}
+
+}  // namespace
+}  // namespace flce::simd::detail

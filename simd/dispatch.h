@@ -1,0 +1,17 @@
+// simd/dispatch.h: the kernel-set choice behind best_kernels() (internal,
+// exposed for tests).
+#pragma once
+
+#include "simd/kernels.h"
+
+namespace flce::simd {
+
+// The best set this CPU supports, capped by `cap` ("scalar", "avx2",
+// "avx512" on x86; "scalar", "neon" on AArch64; case-insensitive). A null or
+// empty cap means no cap; any other value prints one warning line to stderr
+// and is ignored. A cap above what the CPU supports gives the best supported
+// set below it. best_kernels() is kernels_for_cap(getenv("FLCE_MAX_ISA")),
+// evaluated once.
+const KernelSet& kernels_for_cap(const char* cap);
+
+}  // namespace flce::simd

@@ -1,0 +1,51 @@
+// simd/isa_kernels.h: the per-ISA kernel functions behind the KernelSets
+// (internal; dispatch.cpp and the tests' ISA checks use them).
+//
+// Semantics (common to every ISA; the scalar set is the reference):
+//  exp             y = exp(x): +inf above ~88.72, 0 below ~-103.97 with
+//                  gradual underflow in between, exp(-inf) = 0, NaN -> NaN.
+//  scores          s = a*(s+b) if k == 0; k*tanh(a*(s+b)/k) if k > 0 (vector
+//                  sets multiply by 1/k instead of dividing). NaN stays NaN,
+//                  +-inf saturate to +-k.
+//  online_softmax  two passes over the tile (it is in cache): the max over
+//                  non-NaN s, then the sums relative to shift = max(state max,
+//                  tile max) if finite, else 0 (see common.h). Terms:
+//                    sum_exp   += exp(s - shift)
+//                    sum_exp_s += e == 0 ? 0 : e * s      (no 0 * -inf NaN)
+//                    sum_cs    += c == 0 ? 0 : c * s      (weight 0 drops the class)
+//                  A NaN s makes sum_exp and sum_exp_s NaN (and sum_cs unless
+//                  c = 0) and first_nan its lowest index; the max ignores it.
+//                  argmax: the lowest index of the max among non-NaN s (so an
+//                  all -inf tile has max -inf and argmax at its first -inf); it
+//                  stays -1 while only NaNs were seen. The old state's sums are
+//                  rescaled by exp(old shift - new shift) (0 for an old max of -inf).
+//  dlogits         p = exp(s - lse);
+//                  d = coef_p p + coef_c c - coef_h (p == 0 ? 0 : p (s - sbar));
+//                  g = a (1 - (s/k)^2) d if k > 0, else a d. A term whose coefficient
+//                  is 0 is left out (coef_h == 0: no entropy term even where
+//                  p (s - sbar) would be inf or NaN).
+#pragma once
+
+#include <cstdint>
+
+#include "simd/kernels.h"
+
+namespace flce::simd {
+
+#define FLCE_SIMD_DECLARE_SET(isa)                                                            \
+  void f32_exp__##isa(const float* x, float* y, int64_t n);                                   \
+  void f32_scores__##isa(float* s, const float* bias, int64_t n, float scale, float softcap); \
+  void f32_online_softmax__##isa(const float* s, const float* class_w, int64_t n, int64_t j0, \
+                                 SoftmaxState* state);                                        \
+  void f32_dlogits__##isa(const float* s, const float* class_w, int64_t n,                    \
+                          const DlogitsParams* params, float* g);
+
+// Declared for every ISA; only those of the compiled-in sets are defined.
+FLCE_SIMD_DECLARE_SET(scalar)
+FLCE_SIMD_DECLARE_SET(avx2)
+FLCE_SIMD_DECLARE_SET(avx512)
+FLCE_SIMD_DECLARE_SET(neon)
+
+#undef FLCE_SIMD_DECLARE_SET
+
+}  // namespace flce::simd

@@ -1,0 +1,77 @@
+// simd/kernels.h: the vector kernels of the cpu backend, one set per ISA.
+//
+// The cpu backend computes a [rows x vocab tile] block of raw logits
+// u = x . W_j with a GEMM, then runs three kernels over each row's piece of
+// the tile while it is in cache:
+//   scores          s_j = softcap(a * (u_j + b_j))            (in place)
+//   online_softmax  folds s_0..s_{n-1} into the row's running state
+//   dlogits         g_j = d objective / d u_j from s_j and the row's lse
+// plus exp, used by both and tested on its own. The README's "Semantics"
+// defines every quantity; names follow XNNPACK's habit:
+// f32_<job>__<isa>, one file per ISA under simd/<isa>/.
+//
+// Every kernel handles any n >= 1 and any alignment (tails included), reads
+// and writes f32, and accumulates in f32 within the call. The caller merges
+// per-tile states in a fixed order (in double), so results do not depend on
+// the thread count.
+#pragma once
+
+#include <cstdint>
+
+namespace flce::simd {
+
+// Running state of one row over the tiles seen so far; every sum is relative
+// to `max` (sum_exp = sum_j exp(s_j - max)). A fresh state has max = -inf
+// and zero sums.
+struct SoftmaxState {
+  float max;            // max_j s_j over non-NaN s (-inf if none yet)
+  float sum_exp;        // sum_j exp(s_j - max)
+  float sum_exp_s;      // sum_j exp(s_j - max) * s_j   (for the entropy)
+  float sum_cs;         // sum_j c_j * s_j              (for label smoothing)
+  int64_t argmax;       // lowest index of max; -1 if none yet
+  int64_t first_nan;    // lowest index of a NaN s_j; -1 if none
+};
+
+void softmax_state_init(SoftmaxState* state);
+
+// Per-row coefficients of the dlogits kernel (README, backward):
+//   p_j = exp(s_j - lse)
+//   d_j = coef_p * p_j + coef_c * c_j - coef_h * p_j * (s_j - sbar)
+//   g_j = a * (1 - (s_j/k)^2) * d_j   (k > 0)   or   a * d_j   (k == 0)
+// The label term -(1-e) c_y t_i g_i at j = y is added by the caller.
+struct DlogitsParams {
+  float lse;
+  float coef_p;   // g_loss t_i ((1-e) c_y + (e/V) C + 2 l lse) + g_lse
+  float coef_c;   // -g_loss t_i e / V
+  float coef_h;   // g_entropy
+  float sbar;     // sum_j p_j s_j
+  float scale;    // a
+  float softcap;  // k (0 = off)
+};
+
+struct KernelSet {
+  const char* isa;  // "scalar", "avx2", "avx512", "neon"
+  int width;        // f32 lanes per vector
+  // y[i] = exp(x[i]); x and y may be the same array.
+  void (*exp)(const float* x, float* y, int64_t n);
+  // s[i] = k * tanh(a * (s[i] + bias[i]) / k) if k > 0, else a * (s[i] + bias[i]);
+  // bias may be null (treated as 0).
+  void (*scores)(float* s, const float* bias, int64_t n, float scale, float softcap);
+  // Folds s[0..n) (global column indices j0 .. j0+n-1) into *state;
+  // class_w may be null (every c_j = 1); sum_cs is then sum_j s_j.
+  void (*online_softmax)(const float* s, const float* class_w, int64_t n, int64_t j0,
+                         SoftmaxState* state);
+  // g[i] from s[i] per DlogitsParams; g may equal s (in place); class_w may be null.
+  void (*dlogits)(const float* s, const float* class_w, int64_t n, const DlogitsParams* params,
+                  float* g);
+};
+
+// The sets compiled into this binary, best first, and the one chosen once
+// from CPUID, capped by FLCE_MAX_ISA=scalar|avx2|avx512 (or |neon on arm).
+const KernelSet& scalar_kernels();
+const KernelSet* avx2_kernels();    // null when not compiled in or not supported by this CPU
+const KernelSet* avx512_kernels();  // likewise
+const KernelSet* neon_kernels();    // likewise
+const KernelSet& best_kernels();
+
+}  // namespace flce::simd

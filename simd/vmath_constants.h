@@ -1,0 +1,42 @@
+// simd/vmath_constants.h: the constants of the vector exp and tanh, shared
+// by every ISA's vmath header so all sets evaluate the same approximation.
+#pragma once
+
+namespace flce::simd::vmath {
+
+// exp(x) = 2^n exp(r), n = round(x log2 e), r = x - n ln2 with ln2 split in
+// two (Cody-Waite): with FMA, x - n*kLn2Hi is exact for every n that occurs,
+// so r carries one rounding. |r| <= ln2/2 (+ a hair from rounding x log2 e).
+constexpr float kLog2e = 0x1.715476p+0f;
+constexpr float kLn2Hi = 0x1.62e430p-1f;   // float(ln 2)
+constexpr float kLn2Lo = -0x1.05c610p-29f;  // ln 2 - kLn2Hi
+// exp(r) ~ 1 + r (c1 + r (c2 + ... + r c6)): minimax for relative error on
+// [-ln2/2, ln2/2] (own Remez, long double), |error| 2.6e-9 = 0.02 ulp.
+constexpr float kExpC1 = 0x1.000000p+0f;
+constexpr float kExpC2 = 0x1.000002p-1f;
+constexpr float kExpC3 = 0x1.5553c2p-3f;
+constexpr float kExpC4 = 0x1.55515ep-5f;
+constexpr float kExpC5 = 0x1.12903ep-7f;
+constexpr float kExpC6 = 0x1.709b64p-10f;
+// Clamp range: exp(88.75) > FLT_MAX rounds to +inf; exp(-104) < 2^-150
+// rounds to 0. Clamped with NaN-propagating min/max, so NaN stays NaN and
+// -inf gives 0.
+constexpr float kExpHi = 88.75f;
+constexpr float kExpLo = -104.0f;
+// 1.5 * 2^23: x log2e + kRound rounds x log2e to an integer n held in the
+// low mantissa bits (|n| < 2^22).
+constexpr float kRound = 0x1.8p23f;
+
+// tanh(x) for |x| < kTanhSmall: x + x^3 (t0 + y (t1 + ... + y t4)), y = x^2,
+// minimax for relative error on [0, 0.625] (own Remez), 4.4e-9 = 0.04 ulp.
+// For |x| >= kTanhSmall: tanh|x| = em1 / (em1 + 2), em1 = expm1(2|x|)
+// = fma(2^n, exp(r), -1), |x| clamped to kTanhSat where tanh rounds to 1.
+constexpr float kTanhSmall = 0.625f;
+constexpr float kTanhSat = 10.0f;
+constexpr float kTanhT0 = -0x1.555532p-2f;
+constexpr float kTanhT1 = 0x1.110726p-3f;
+constexpr float kTanhT2 = -0x1.b83c5ap-5f;
+constexpr float kTanhT3 = 0x1.52269cp-6f;
+constexpr float kTanhT4 = -0x1.75e1cep-8f;
+
+}  // namespace flce::simd::vmath

@@ -1,0 +1,136 @@
+// The `cpu` backend. For each block of R rows (in order): one GEMM per vocab
+// tile gives the block's scores, SIMD kernels fold them into per-tile softmax
+// states that merge in tile order; for gradients the scores become dlogits in
+// place and feed the grad_W GEMM (one owner per vocab tile) and the grad_x
+// GEMM (one owner per hidden chunk). Memory: the [R, V] scores (R chosen from
+// a 32 MiB budget), per-thread W tiles, O(N) row losses, and an f32 grad_W
+// accumulator only when grad_w is not f32.
+#include "cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "common/tensor_access.h"
+#include "cpu/plan.h"
+#include "cpu/steps.h"
+
+namespace flce {
+namespace {
+
+using cpu::Plan;
+using cpu::Workspace;
+
+std::string dtype_str(Dtype d) { return dtype_name(d); }
+
+// Copies of the class weights and bias in f32, C and D (README, Semantics).
+cpu::Context prepare(const Problem& p, const Plan& plan, const Workspace& ws) {
+  const int64_t V = plan.d.v;
+  double class_sum = 0, denom = 0;
+  for (int64_t j = 0; j < V; ++j) {
+    const double c_j = p.class_weights.present() ? load(p.class_weights, j) : 1.0;
+    if (ws.class_w) ws.class_w[j] = float(c_j);
+    if (ws.bias) ws.bias[j] = float(load(p.bias, j));
+    class_sum += c_j;
+  }
+  for (int64_t i = 0; i < plan.d.n; ++i) {
+    const int64_t y = load_int(p.labels, i);
+    if (y == p.options.ignore_index) continue;
+    const double t_i = p.token_weights.present() ? load(p.token_weights, i) : 1.0;
+    denom += t_i * (p.class_weights.present() ? load(p.class_weights, y) : 1.0);
+  }
+  if (ws.grad_w_acc) std::fill_n(ws.grad_w_acc, V * plan.d.h, 0.0f);
+  if (plan.grad_w_in_place) {
+    const Tensor g = p.grad_w;
+    for (int64_t r = 0; r < g.shape[0]; ++r)
+      std::memset(static_cast<float*>(g.data) + r * g.stride[0], 0, size_t(g.shape[1]) * 4);
+  }
+  if (ws.grad_b_acc) std::fill_n(ws.grad_b_acc, V, 0.0);
+  return {p, plan, ws, class_sum, denom};
+}
+
+// The reduced loss (rows summed in order, in double) and the accumulated
+// weight and bias gradients in their output dtypes.
+void finish(const cpu::Context& c) {
+  const Problem& p = c.p;
+  const Plan& plan = c.plan;
+  if (plan.pass != Pass::backward && p.options.reduction != Reduction::none) {
+    double total = 0;
+    for (int64_t i = 0; i < plan.d.n; ++i) total += c.ws.row_loss[i];
+    if (p.options.reduction == Reduction::mean) total = c.denom == 0 ? 0.0 : total / c.denom;
+    store(p.loss, 0, total);
+  }
+  if (c.ws.grad_w_acc) {
+    const Tensor g = w_as_vh(p.grad_w, p.w_layout);
+    for (int64_t j = 0; j < plan.d.v; ++j)
+      for (int64_t h = 0; h < plan.d.h; ++h) store(g, j, h, c.ws.grad_w_acc[j * plan.d.h + h]);
+  }
+  if (c.ws.grad_b_acc)
+    for (int64_t j = 0; j < plan.d.v; ++j) store(p.grad_bias, j, c.ws.grad_b_acc[j]);
+}
+
+class CpuBackend final : public Backend {
+ public:
+  const char* name() const override { return "cpu"; }
+
+  std::string describe() const override {
+    const cpu::GemmEngine* f32 = cpu::default_gemm_engine(Dtype::f32);
+    const cpu::GemmEngine* bf16 = cpu::default_gemm_engine(Dtype::bf16);
+    return std::string("vocab-tiled GEMM + SIMD online softmax; isa ") +
+           simd::best_kernels().isa + "; gemm f32: " + f32->describe() + "; gemm bf16: " +
+           (bf16 ? bf16->describe() : std::string("none native, converted to f32"));
+  }
+
+  // An unknown GEMM engine name is an error at run(), not a reason to
+  // decline: declining would hand the problem to the reference silently.
+  Support supports(const Problem& p, Pass, const RunConfig&) const override {
+    const Tensor& first = p.logits.present() ? p.logits : p.x;
+    if (first.device != Device::cpu)
+      return Support::decline("the cpu backend reads host memory; the tensors are on a CUDA device");
+    const Dtype storage = first.dtype;
+    if (storage != Dtype::f32 && storage != Dtype::bf16 && storage != Dtype::f16)
+      return Support::decline("the cpu backend stores x and W (or the logits) in f32, bf16 or f16; " +
+                              std::string(p.logits.present() ? "logits" : "x") + " is " +
+                              dtype_str(storage) + " (the reference backend takes f64)");
+    for (auto [name, t] : {std::pair{"w", &p.w}, std::pair{"bias", &p.bias}}) {
+      if (t->present() && t->dtype != storage)
+        return Support::decline(std::string("the cpu backend needs x, w and bias in one storage dtype; x is ") +
+                                dtype_str(storage) + ", " + name + " is " + dtype_str(t->dtype));
+    }
+    return Support::accept();
+  }
+
+  size_t workspace_bytes(const Problem& p, Pass pass, const RunConfig& config) const override {
+    return cpu::workspace_bytes(cpu::make_plan(p, pass, config), p);
+  }
+
+  std::string run(const Problem& p, Pass pass, const RunConfig& config,
+                  void* workspace) const override {
+    const cpu::GemmEngine* engine = nullptr;
+    if (auto e = cpu::pick_gemm(config, p.logits.present() ? p.logits.dtype : p.x.dtype, &engine);
+        !e.empty())
+      return e;
+    const Plan plan = cpu::make_plan(p, pass, config);
+    const Workspace ws = cpu::carve_workspace(plan, p, workspace);
+    const cpu::Context c = prepare(p, plan, ws);
+    for (int64_t i0 = 0; i0 < plan.d.n; i0 += plan.row_block) {
+      const int64_t rows = std::min(plan.row_block, plan.d.n - i0);
+      cpu::scores_and_states(c, i0, rows);
+      cpu::merge_rows(c, i0, rows);
+      if (pass == Pass::forward) continue;
+      cpu::grad_logits_and_weights(c, i0, rows);
+      if (p.grad_x.present()) cpu::grad_hidden(c, i0, rows);
+    }
+    finish(c);
+    return "";
+  }
+};
+
+}  // namespace
+
+const Backend& cpu_backend() {
+  static const CpuBackend backend;
+  return backend;
+}
+
+}  // namespace flce

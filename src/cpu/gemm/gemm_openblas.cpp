@@ -1,0 +1,119 @@
+// The OpenBLAS engine: cblas_sgemm, f32 only (0.3.21 has no cblas_sbgemm).
+//
+// Threading. Debian's libopenblas0-pthread is built with USE_OPENMP=0: it runs
+// its own pthread pool, sized to the core count when the library loads. We
+// set that pool's width to 1 once, before the first call, so every
+// cblas_sgemm runs entirely on the calling thread and never touches the pool
+// (its exec_blas path is the only one that warns "Detect OpenMP Loop and this
+// application may hang", and it is never reached). With one thread, OpenBLAS
+// is safe to call from several threads at once: each call takes its own
+// packing buffers from the library's lock-protected buffer table and keeps no
+// other shared state. tests/test_gemm.cpp checks both (bitwise-equal results
+// under concurrency, and CPU time on the calling thread only).
+//
+// openblas_set_num_threads is process-wide: anything else in the process
+// that calls OpenBLAS also gets one thread. The cpu backend is the only user.
+//
+// Other Debian variants, should the alternatives point at one: the serial
+// build needs nothing. The OpenMP build (libopenblas0-openmp) must NOT get
+// openblas_set_num_threads(1), which there calls omp_set_num_threads(1) and
+// would shrink every later parallel region of the calling thread; instead,
+// each call runs with the calling thread's OpenMP thread count set to 1 and
+// restored (that build runs serially inside an active parallel region anyway).
+//
+// Kernels. DYNAMIC_ARCH picks kernels for the CPU at load time; 0.3.21 does
+// not know AMD Zen 4/5 and picks Haswell (AVX2) kernels. Exporting
+// OPENBLAS_CORETYPE=SkylakeX before the process starts selects the AVX-512
+// kernels (about twice as fast here, see gemm.cpp); setting it from inside
+// the process is too late, since the library reads it when it is loaded.
+#include <cblas.h>
+#include <omp.h>
+
+#include <mutex>
+#include <stdexcept>
+#include <string>
+
+#include "cpu/gemm/gemm.h"
+
+namespace flce::cpu {
+namespace {
+
+// Returns openblas_get_parallel(): OPENBLAS_SEQUENTIAL, OPENBLAS_THREAD
+// (pthreads) or OPENBLAS_OPENMP.
+int init_openblas_once() {
+  static const int parallel = [] {
+    int p = openblas_get_parallel();
+    if (p == OPENBLAS_THREAD) openblas_set_num_threads(1);
+    return p;
+  }();
+  return parallel;
+}
+
+// Sets the calling thread's OpenMP thread count to 1 for its lifetime, when
+// `active`.
+class OneOmpThread {
+ public:
+  explicit OneOmpThread(bool active) : saved_(active ? omp_get_max_threads() : 1) {
+    if (saved_ != 1) omp_set_num_threads(1);
+  }
+  ~OneOmpThread() {
+    if (saved_ != 1) omp_set_num_threads(saved_);
+  }
+  OneOmpThread(const OneOmpThread&) = delete;
+  OneOmpThread& operator=(const OneOmpThread&) = delete;
+
+ private:
+  int saved_;
+};
+
+class OpenBlasEngine final : public GemmEngine {
+ public:
+  const char* name() const override { return "openblas"; }
+
+  std::string describe() const override {
+    std::string s = "openblas";
+#ifdef OPENBLAS_VERSION
+    // OPENBLAS_VERSION is " OpenBLAS 0.3.21 "; keep the number.
+    std::string v = OPENBLAS_VERSION;
+    size_t p = v.find_first_of("0123456789");
+    if (p != std::string::npos) {
+      v = v.substr(p);
+      v.erase(v.find_last_not_of(' ') + 1);
+      s += " " + v;
+    }
+#endif
+    int parallel = init_openblas_once();
+    s += " (";
+    s += openblas_get_corename();
+    s += parallel == OPENBLAS_THREAD   ? " kernels, pthreads build"
+         : parallel == OPENBLAS_OPENMP ? " kernels, OpenMP build"
+                                       : " kernels, serial build";
+    s += ", 1 thread per call)";
+    return s;
+  }
+
+  bool supports(Dtype ab_dtype) const override { return ab_dtype == Dtype::f32; }
+
+  void run(const GemmArgs& g) const override {
+    gemm_detail::check_args(g, "openblas");
+    if (g.ab_dtype != Dtype::f32)
+      throw std::invalid_argument("gemm engine openblas: A and B must be f32");
+    if (gemm_detail::run_degenerate(g)) return;
+    OneOmpThread one(init_openblas_once() == OPENBLAS_OPENMP);
+    // blasint is int here (USE_64BITINT unset); check_args bounds the sizes.
+    cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans,
+                g.trans_b ? CblasTrans : CblasNoTrans, blasint(g.m), blasint(g.n),
+                blasint(g.k), 1.0f, static_cast<const float*>(g.a), blasint(g.lda),
+                static_cast<const float*>(g.b), blasint(g.ldb), g.beta, g.c,
+                blasint(g.ldc));
+  }
+};
+
+}  // namespace
+
+const GemmEngine* openblas_gemm_engine() {
+  static const OpenBlasEngine engine;
+  return &engine;
+}
+
+}  // namespace flce::cpu

@@ -1,0 +1,114 @@
+#include "cpu/operands.h"
+
+#include <cstring>
+
+#include "common/float16.h"
+
+namespace flce::cpu {
+namespace {
+
+float f32_of_bits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+uint32_t bits_of_f32(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// Round-to-nearest-even on the bit pattern; NaN stays a quiet NaN.
+uint16_t bf16_of(float f) {
+  const uint32_t u = bits_of_f32(f);
+  if ((u & 0x7FFFFFFF) > 0x7F800000) return uint16_t((u >> 16) | 0x40);
+  return uint16_t((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+}
+
+float f32_of_f16(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1F, fraction = h & 0x3FF;
+  if (exponent == 0) {  // zero or subnormal: fraction * 2^-24
+    const float magnitude = float(fraction) * 5.9604644775390625e-8f;
+    return sign ? -magnitude : magnitude;
+  }
+  if (exponent == 0x1F) return f32_of_bits(sign | 0x7F800000 | (fraction << 13));
+  return f32_of_bits(sign | ((exponent + 112) << 23) | (fraction << 13));
+}
+
+// Reads element `offset` of a storage-dtype array as f32.
+template <Dtype From>
+float read_f32(const void* base, int64_t offset) {
+  if constexpr (From == Dtype::f32) {
+    return static_cast<const float*>(base)[offset];
+  } else if constexpr (From == Dtype::bf16) {
+    return f32_of_bits(uint32_t(static_cast<const uint16_t*>(base)[offset]) << 16);
+  } else {
+    return f32_of_f16(static_cast<const uint16_t*>(base)[offset]);
+  }
+}
+
+// out[r * cols + c] = src(r, c) converted, for a strided 2-D source.
+template <Dtype From>
+void convert_2d(const void* src, int64_t rs, int64_t cs, int64_t rows, int64_t cols, Dtype to,
+                void* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    if (to == Dtype::f32) {
+      float* o = static_cast<float*>(out) + r * cols;
+      for (int64_t c = 0; c < cols; ++c) o[c] = read_f32<From>(src, r * rs + c * cs);
+    } else if (From == Dtype::bf16) {  // bf16 -> bf16: a strided copy
+      uint16_t* o = static_cast<uint16_t*>(out) + r * cols;
+      for (int64_t c = 0; c < cols; ++c) o[c] = static_cast<const uint16_t*>(src)[r * rs + c * cs];
+    } else {
+      uint16_t* o = static_cast<uint16_t*>(out) + r * cols;
+      for (int64_t c = 0; c < cols; ++c) o[c] = bf16_of(read_f32<From>(src, r * rs + c * cs));
+    }
+  }
+}
+
+// A [rows, cols] region of t starting at (r0, c0), with (rs, cs) the strides
+// along the output's rows and columns.
+void convert_region(const Tensor& t, int64_t start, int64_t rs, int64_t cs, int64_t rows,
+                    int64_t cols, Dtype to, void* out) {
+  const char* base = static_cast<const char*>(t.data) + start * int64_t(dtype_size(t.dtype));
+  switch (t.dtype) {
+    case Dtype::f32: convert_2d<Dtype::f32>(base, rs, cs, rows, cols, to, out); break;
+    case Dtype::bf16: convert_2d<Dtype::bf16>(base, rs, cs, rows, cols, to, out); break;
+    case Dtype::f16: convert_2d<Dtype::f16>(base, rs, cs, rows, cols, to, out); break;
+    default: break;  // the cpu backend declines other storage dtypes
+  }
+}
+
+}  // namespace
+
+void load_rows(const Tensor& x, int64_t i0, int64_t rows, Dtype dtype, void* out) {
+  convert_region(x, i0 * x.stride[0], x.stride[0], x.stride[1], rows, x.shape[1], dtype, out);
+}
+
+WPiece w_piece(const Tensor& w, WeightLayout layout, int64_t j0, int64_t n, int64_t h0, int64_t hc,
+               Dtype dtype, void* scratch) {
+  const bool vh = layout == WeightLayout::vh;
+  // Strides of W along the vocabulary and along the hidden dimension.
+  const int64_t sj = vh ? w.stride[0] : w.stride[1], sh = vh ? w.stride[1] : w.stride[0];
+  const int64_t start = j0 * sj + h0 * sh;
+  if (w.dtype == dtype && w.stride[1] == 1) {
+    const char* base = static_cast<const char*>(w.data) + start * int64_t(dtype_size(dtype));
+    return {base, w.stride[0], vh};
+  }
+  convert_region(w, start, sj, sh, n, hc, dtype, scratch);
+  return {scratch, hc, true};
+}
+
+void round_to_storage(float* values, int64_t n, Dtype storage) {
+  if (storage == Dtype::bf16) {
+    for (int64_t i = 0; i < n; ++i) values[i] = f32_of_bits(uint32_t(bf16_of(values[i])) << 16);
+  } else if (storage == Dtype::f16) {
+    for (int64_t i = 0; i < n; ++i) values[i] = f32_of_f16(f32_to_f16(values[i]));
+  }
+}
+
+void f32_to_bf16_bits(const float* in, int64_t n, uint16_t* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = bf16_of(in[i]);
+}
+
+}  // namespace flce::cpu

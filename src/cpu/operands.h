@@ -1,0 +1,33 @@
+// GEMM operands of the cpu backend: blocks of x and pieces of W in the dtype
+// a GEMM takes (f32 or bf16), used in place when they already are, else
+// converted into scratch.
+#pragma once
+
+#include <cstdint>
+
+#include "flce/flce.h"
+
+namespace flce::cpu {
+
+// Rows [i0, i0 + rows) of x (or of the logits) as a contiguous [rows, cols]
+// array of `dtype` (f32 or bf16).
+void load_rows(const Tensor& x, int64_t i0, int64_t rows, Dtype dtype, void* out);
+
+// Vocabulary rows [j0, j0 + n) by hidden columns [h0, h0 + hc) of W.
+struct WPiece {
+  const void* data;
+  int64_t ld;
+  bool vocab_major;  // (j, h) at data[(j - j0) * ld + (h - h0)]; else data[(h - h0) * ld + (j - j0)]
+};
+// In place when W already has `dtype` and a unit inner stride; otherwise
+// converted into `scratch` (room for n * hc elements), vocab-major.
+WPiece w_piece(const Tensor& w, WeightLayout layout, int64_t j0, int64_t n, int64_t h0, int64_t hc,
+               Dtype dtype, void* scratch);
+
+// f32 values rounded to bf16 or f16 precision and back, in place
+// (grad_logits_dtype = storage on the f32 GEMM path).
+void round_to_storage(float* values, int64_t n, Dtype storage);
+// f32 -> bf16 bits, nearest even.
+void f32_to_bf16_bits(const float* in, int64_t n, uint16_t* out);
+
+}  // namespace flce::cpu

@@ -1,0 +1,117 @@
+#include "cpu/plan.h"
+
+#include <omp.h>
+
+#include <algorithm>
+
+namespace flce::cpu {
+
+std::string pick_gemm(const RunConfig& config, Dtype storage, const GemmEngine** engine) {
+  if (!config.gemm.empty()) {
+    *engine = find_gemm_engine(config.gemm);
+    if (*engine == nullptr) {
+      std::string names;
+      for (const GemmEngine* e : gemm_engines()) names += (names.empty() ? "" : ", ") + std::string(e->name());
+      return "gemm = '" + config.gemm + "' is not a GEMM engine compiled into this build (available: " +
+             names + ")";
+    }
+    return "";
+  }
+  // bf16 storage prefers an engine with native bf16; any other converts to f32.
+  *engine = storage == Dtype::bf16 ? default_gemm_engine(Dtype::bf16) : nullptr;
+  if (*engine == nullptr) *engine = default_gemm_engine(Dtype::f32);
+  return "";
+}
+
+Plan make_plan(const Problem& p, Pass pass, const RunConfig& config) {
+  Plan plan;
+  plan.d = dims_of(p);
+  plan.pass = pass;
+  plan.threads = config.threads > 0 ? config.threads : omp_get_max_threads();
+  plan.storage = plan.d.logits_entry ? p.logits.dtype : p.x.dtype;
+  // An unknown engine name is reported by the backend's run(); plan with the default.
+  if (!pick_gemm(config, plan.storage, &plan.gemm).empty()) plan.gemm = default_gemm_engine(Dtype::f32);
+  plan.kernels = &simd::best_kernels();
+  const bool bf16 = plan.storage == Dtype::bf16 && plan.gemm->supports(Dtype::bf16);
+  plan.logits_gemm = bf16 ? Dtype::bf16 : Dtype::f32;
+  const bool storage_grads = p.options.grad_logits_dtype == GradLogitsDtype::storage;
+  plan.grad_gemm = bf16 && storage_grads ? Dtype::bf16 : Dtype::f32;
+  plan.round_grad_logits = storage_grads && plan.storage != Dtype::f32;
+  plan.grad_w_in_place = p.grad_w.present() && p.grad_w.dtype == Dtype::f32 && p.grad_w.stride[1] == 1;
+
+  const int64_t V = plan.d.v;
+  const int64_t bytes_per_score = plan.grad_gemm == Dtype::bf16 ? 6 : 4;
+  const int64_t fit = kScoreBudgetBytes / (V * bytes_per_score);
+  int64_t rows = std::clamp<int64_t>(fit, 1, kMaxRowBlock);
+  if (rows >= 16) rows -= rows % 16;  // whole GEMM register blocks
+  plan.row_block = std::min(rows, plan.d.n);
+  plan.tiles = (V + kVocabTile - 1) / kVocabTile;
+  plan.h_chunks = (plan.d.h + kHiddenChunk - 1) / kHiddenChunk;
+  return plan;
+}
+
+namespace {
+
+// Sizes in bytes of each workspace piece, in carve order.
+struct Sizes {
+  size_t bytes[13] = {};
+};
+
+Sizes sizes_of(const Plan& plan, const Problem& p) {
+  const int64_t R = plan.row_block, V = plan.d.v, H = plan.d.h, N = plan.d.n;
+  const bool grads = plan.pass != Pass::forward;
+  const size_t logits_elt = dtype_size(plan.logits_gemm), grad_elt = dtype_size(plan.grad_gemm);
+  Sizes s;
+  s.bytes[0] = size_t(R * V) * 4;
+  s.bytes[1] = grads && plan.grad_gemm == Dtype::bf16 ? size_t(R * V) * 2 : 0;
+  s.bytes[2] = size_t(R * H) * logits_elt;
+  s.bytes[3] = grads && plan.grad_gemm != plan.logits_gemm ? size_t(R * H) * grad_elt : 0;
+  s.bytes[4] = size_t(plan.threads) * size_t(kVocabTile * H) * 4;
+  s.bytes[5] = grads && p.grad_x.present() ? size_t(R * H) * 4 : 0;
+  s.bytes[6] = size_t(R * plan.tiles) * sizeof(simd::SoftmaxState);
+  s.bytes[7] = size_t(R) * sizeof(RowInfo);
+  s.bytes[8] = size_t(N) * sizeof(double);
+  s.bytes[9] = grads && p.grad_w.present() && !plan.grad_w_in_place ? size_t(V * H) * 4 : 0;
+  s.bytes[10] = grads && p.grad_bias.present() ? size_t(V) * sizeof(double) : 0;
+  s.bytes[11] = p.class_weights.present() ? size_t(V) * 4 : 0;
+  s.bytes[12] = p.bias.present() ? size_t(V) * 4 : 0;
+  return s;
+}
+
+size_t aligned(size_t n) { return (n + 63) / 64 * 64; }
+
+}  // namespace
+
+size_t workspace_bytes(const Plan& plan, const Problem& p) {
+  size_t total = 64;  // room to align the base
+  for (size_t b : sizes_of(plan, p).bytes) total += aligned(b);
+  return total;
+}
+
+Workspace carve_workspace(const Plan& plan, const Problem& p, void* base) {
+  const Sizes s = sizes_of(plan, p);
+  auto at = reinterpret_cast<uintptr_t>(base);
+  at = (at + 63) / 64 * 64;
+  void* piece[13];
+  for (int k = 0; k < 13; ++k) {
+    piece[k] = s.bytes[k] ? reinterpret_cast<void*>(at) : nullptr;
+    at += aligned(s.bytes[k]);
+  }
+  Workspace w;
+  w.scores = static_cast<float*>(piece[0]);
+  w.g_bf16 = static_cast<uint16_t*>(piece[1]);
+  w.x_block = piece[2];
+  w.x_block_grad = piece[3] ? piece[3] : piece[2];
+  w.w_scratch = piece[4];
+  w.grad_x_block = static_cast<float*>(piece[5]);
+  w.states = static_cast<simd::SoftmaxState*>(piece[6]);
+  w.rows = static_cast<RowInfo*>(piece[7]);
+  w.row_loss = static_cast<double*>(piece[8]);
+  w.grad_w_acc = static_cast<float*>(piece[9]);
+  w.grad_b_acc = static_cast<double*>(piece[10]);
+  w.class_w = static_cast<float*>(piece[11]);
+  w.bias = static_cast<float*>(piece[12]);
+  return w;
+}
+
+}  // namespace flce::cpu

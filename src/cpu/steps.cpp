@@ -1,0 +1,266 @@
+#include "cpu/steps.h"
+
+#include <omp.h>
+
+#include <cmath>
+#include <limits>
+
+#include "common/tensor_access.h"
+#include "cpu/operands.h"
+
+namespace flce::cpu {
+namespace {
+
+bool is_ignored(const Problem& p, int64_t y) { return y == p.options.ignore_index; }
+int64_t tile_width(const Plan& plan, int64_t t) {
+  return std::min(kVocabTile, plan.d.v - t * kVocabTile);
+}
+void* thread_scratch(const Context& c) {
+  return static_cast<char*>(c.ws.w_scratch) +
+         size_t(omp_get_thread_num()) * size_t(kVocabTile * c.plan.d.h) * 4;
+}
+
+// U[rows, n] = X_block W_t^T into the scores, at columns j0 .. j0+n.
+void logits_gemm(const Context& c, int64_t rows, int64_t j0, int64_t n) {
+  const Plan& plan = c.plan;
+  const int64_t H = plan.d.h, V = plan.d.v;
+  const WPiece w = w_piece(c.p.w, c.p.w_layout, j0, n, 0, H, plan.logits_gemm, thread_scratch(c));
+  GemmArgs g{};
+  g.m = rows, g.n = n, g.k = H;
+  g.ab_dtype = plan.logits_gemm;
+  g.a = c.ws.x_block, g.lda = H, g.trans_a = false;
+  g.b = w.data, g.ldb = w.ld, g.trans_b = w.vocab_major;
+  g.c = c.ws.scores + j0, g.ldc = V, g.beta = 0;
+  plan.gemm->run(g);
+}
+
+}  // namespace
+
+void scores_and_states(const Context& c, int64_t i0, int64_t rows) {
+  const Plan& plan = c.plan;
+  const int64_t V = plan.d.v;
+  const Options& o = c.p.options;
+  if (!plan.d.logits_entry) load_rows(c.p.x, i0, rows, plan.logits_gemm, c.ws.x_block);
+#pragma omp parallel for num_threads(plan.threads) schedule(static)
+  for (int64_t t = 0; t < plan.tiles; ++t) {
+    const int64_t j0 = t * kVocabTile, n = tile_width(plan, t);
+    if (plan.d.logits_entry) {
+      for (int64_t r = 0; r < rows; ++r) {
+        Tensor row = c.p.logits;  // row i0 + r, columns j0 .. j0+n, as a 1 x n region
+        row.data = static_cast<char*>(row.data) +
+                   ((i0 + r) * row.stride[0] + j0 * row.stride[1]) * int64_t(dtype_size(row.dtype));
+        row.shape[0] = 1, row.shape[1] = n;
+        load_rows(row, 0, 1, Dtype::f32, c.ws.scores + r * V + j0);
+      }
+    } else {
+      logits_gemm(c, rows, j0, n);
+    }
+    const float* bias = c.ws.bias ? c.ws.bias + j0 : nullptr;
+    const float* class_w = c.ws.class_w ? c.ws.class_w + j0 : nullptr;
+    for (int64_t r = 0; r < rows; ++r) {
+      float* s = c.ws.scores + r * V + j0;
+      plan.kernels->scores(s, bias, n, float(o.logit_scale), float(o.softcap));
+      simd::SoftmaxState* st = c.ws.states + r * plan.tiles + t;
+      simd::softmax_state_init(st);
+      plan.kernels->online_softmax(s, class_w, n, j0, st);
+    }
+  }
+}
+
+namespace {
+
+// Merged statistics of one row, in double.
+struct Merged {
+  double max = -INFINITY, sum_exp = 0, sum_cs = 0;
+  int64_t argmax = 0, first_nan = -1;
+};
+
+Merged merge_states(const simd::SoftmaxState* st, int64_t tiles) {
+  Merged m;
+  bool found = false;  // ties between tiles keep the earlier tile: the lowest index
+  for (int64_t t = 0; t < tiles; ++t) {
+    if (st[t].first_nan >= 0 && m.first_nan < 0) m.first_nan = st[t].first_nan;
+    if (st[t].argmax >= 0 && (!found || st[t].max > m.max)) m.argmax = st[t].argmax, found = true;
+    m.max = std::max(m.max, double(st[t].max));
+    m.sum_cs += st[t].sum_cs;
+  }
+  for (int64_t t = 0; t < tiles; ++t)
+    if (st[t].max != -INFINITY) m.sum_exp += double(st[t].sum_exp) * std::exp(double(st[t].max) - m.max);
+  return m;
+}
+
+// sum_j p_ij s_ij = sum_t exp(max_t - lse) * sum_exp_s_t.
+double weighted_mean_score(const simd::SoftmaxState* st, int64_t tiles, double lse) {
+  double sbar = 0;
+  for (int64_t t = 0; t < tiles; ++t)
+    if (st[t].max != -INFINITY) sbar += std::exp(double(st[t].max) - lse) * double(st[t].sum_exp_s);
+  return sbar;
+}
+
+double loss_cotangent(const Context& c, int64_t i) {
+  const Problem& p = c.p;
+  switch (p.options.reduction) {
+    case Reduction::none: return p.grad_loss.present() ? load(p.grad_loss, i) : 1.0;
+    case Reduction::sum: return p.grad_loss.present() ? load(p.grad_loss) : 1.0;
+    case Reduction::mean:
+      if (c.denom == 0) return 0.0;
+      return (p.grad_loss.present() ? load(p.grad_loss) : 1.0) / c.denom;
+  }
+  return 0.0;
+}
+
+double lse_of(const Merged& m) {
+  if (m.max == INFINITY) return INFINITY;   // as torch.logsumexp
+  if (m.max == -INFINITY) return -INFINITY;  // every score -inf
+  return m.max + std::log(m.sum_exp);
+}
+
+}  // namespace
+
+void merge_rows(const Context& c, int64_t i0, int64_t rows) {
+  const Problem& p = c.p;
+  const Plan& plan = c.plan;
+  const Options& o = p.options;
+  const double e = o.label_smoothing, V = double(plan.d.v);
+#pragma omp parallel for num_threads(plan.threads) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = i0 + r;
+    const simd::SoftmaxState* st = c.ws.states + r * plan.tiles;
+    const Merged m = merge_states(st, plan.tiles);
+    RowInfo& info = c.ws.rows[r];
+    info = RowInfo{};
+    info.y = load_int(p.labels, i);
+    info.ignored = is_ignored(p, info.y);
+    info.lse = plan.pass == Pass::backward ? load(p.lse, i) : lse_of(m);
+    info.sbar = m.max == INFINITY ? NAN : weighted_mean_score(st, plan.tiles, info.lse);
+    const double t_i = p.token_weights.present() ? load(p.token_weights, i) : 1.0;
+    const double c_y = info.ignored ? 0.0 : (c.ws.class_w ? c.ws.class_w[info.y] : 1.0);
+    if (!info.ignored) info.s_y = c.ws.scores[r * plan.d.v + info.y];
+    if (plan.pass != Pass::forward) {
+      info.g_loss = info.ignored ? 0.0 : loss_cotangent(c, i) * t_i;
+      info.g_lse = p.grad_lse.present() ? load(p.grad_lse, i) : 0.0;
+      info.g_ent = p.grad_entropy.present() ? load(p.grad_entropy, i) : 0.0;
+    }
+    if (plan.pass == Pass::backward) continue;
+    const double logp_y = info.ignored ? 0.0 : info.s_y - info.lse;
+    const double sum_clogp = m.sum_cs - c.class_sum * info.lse;  // sum_j c_j logp_ij
+    const double zl = o.z_loss * info.lse * info.lse;
+    const double ce = -(1 - e) * c_y * logp_y - (e > 0 ? (e / V) * sum_clogp : 0.0);
+    c.ws.row_loss[i] = info.ignored ? 0.0 : t_i * (ce + zl);
+    store(p.lse, i, info.lse);
+    if (p.logprob.present()) store(p.logprob, i, logp_y);
+    if (p.argmax.present()) store(p.argmax, i, double(m.first_nan >= 0 ? m.first_nan : m.argmax));
+    if (p.entropy.present()) store(p.entropy, i, info.lse - info.sbar);
+    if (p.zloss.present()) store(p.zloss, i, zl);
+    if (o.reduction == Reduction::none) store(p.loss, i, c.ws.row_loss[i]);
+  }
+}
+
+namespace {
+
+// G for row r over the tile's columns, in place over the scores.
+void row_tile_grad(const Context& c, int64_t r, int64_t j0, int64_t n) {
+  const Plan& plan = c.plan;
+  const Options& o = c.p.options;
+  const RowInfo& info = c.ws.rows[r];
+  const double e = o.label_smoothing, V = double(plan.d.v);
+  const double c_y = info.ignored ? 0.0 : (c.ws.class_w ? c.ws.class_w[info.y] : 1.0);
+  simd::DlogitsParams q;
+  q.lse = float(info.lse);
+  q.coef_p = float(info.g_loss * ((1 - e) * c_y + (e / V) * c.class_sum + 2 * o.z_loss * info.lse) +
+                   info.g_lse);
+  q.coef_c = float(-info.g_loss * e / V);
+  q.coef_h = float(info.g_ent);
+  q.sbar = float(info.sbar);
+  q.scale = float(o.logit_scale);
+  q.softcap = float(o.softcap);
+  float* s = c.ws.scores + r * plan.d.v + j0;
+  plan.kernels->dlogits(s, c.ws.class_w ? c.ws.class_w + j0 : nullptr, n, &q, s);
+  if (!info.ignored && info.y >= j0 && info.y < j0 + n && info.g_loss != 0) {
+    // The label term -(1-e) c_y g_loss at j = y, through ds/dz and dz/du.
+    const double dsdz = o.softcap > 0 ? 1 - (info.s_y / o.softcap) * (info.s_y / o.softcap) : 1.0;
+    s[info.y - j0] -= float(o.logit_scale * dsdz * info.g_loss * (1 - e) * c_y);
+  }
+  if (plan.round_grad_logits) round_to_storage(s, n, plan.storage);
+}
+
+// grad_W rows j0 .. j0+n (+)= G_t^T X_block.
+void grad_w_gemm(const Context& c, int64_t rows, int64_t j0, int64_t n) {
+  const Plan& plan = c.plan;
+  const int64_t H = plan.d.h, V = plan.d.v;
+  GemmArgs g{};
+  g.ab_dtype = plan.grad_gemm;
+  const bool bf16 = plan.grad_gemm == Dtype::bf16;
+  const void* G = bf16 ? static_cast<const void*>(c.ws.g_bf16 + j0) : c.ws.scores + j0;
+  const bool hv_direct = plan.grad_w_in_place && c.p.w_layout == WeightLayout::hv;
+  if (hv_direct) {  // grad_W^T [H, n] += X_block^T [H, rows] G_t [rows, n]
+    g.m = H, g.n = n, g.k = rows;
+    g.a = c.ws.x_block_grad, g.lda = H, g.trans_a = true;
+    g.b = G, g.ldb = V, g.trans_b = false;
+    g.c = static_cast<float*>(c.p.grad_w.data) + j0, g.ldc = c.p.grad_w.stride[0];
+  } else {  // grad_W [n, H] += G_t^T [n, rows] X_block [rows, H]
+    g.m = n, g.n = H, g.k = rows;
+    g.a = G, g.lda = V, g.trans_a = true;
+    g.b = c.ws.x_block_grad, g.ldb = H, g.trans_b = false;
+    if (plan.grad_w_in_place) {
+      g.c = static_cast<float*>(c.p.grad_w.data) + j0 * c.p.grad_w.stride[0];
+      g.ldc = c.p.grad_w.stride[0];
+    } else {
+      g.c = c.ws.grad_w_acc + j0 * H, g.ldc = H;
+    }
+  }
+  g.beta = 1;
+  plan.gemm->run(g);
+}
+
+}  // namespace
+
+void grad_logits_and_weights(const Context& c, int64_t i0, int64_t rows) {
+  const Plan& plan = c.plan;
+  const Problem& p = c.p;
+  const int64_t V = plan.d.v;
+  if (!plan.d.logits_entry && plan.grad_gemm != plan.logits_gemm)
+    load_rows(p.x, i0, rows, plan.grad_gemm, c.ws.x_block_grad);
+#pragma omp parallel for num_threads(plan.threads) schedule(static)
+  for (int64_t t = 0; t < plan.tiles; ++t) {
+    const int64_t j0 = t * kVocabTile, n = tile_width(plan, t);
+    for (int64_t r = 0; r < rows; ++r) {
+      row_tile_grad(c, r, j0, n);
+      const float* g = c.ws.scores + r * V + j0;
+      if (c.ws.g_bf16) f32_to_bf16_bits(g, n, c.ws.g_bf16 + r * V + j0);
+      if (p.grad_logits.present())
+        for (int64_t j = 0; j < n; ++j) store(p.grad_logits, i0 + r, j0 + j, g[j]);
+    }
+    if (c.ws.grad_b_acc)
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < n; ++j) c.ws.grad_b_acc[j0 + j] += c.ws.scores[r * V + j0 + j];
+    if (p.grad_w.present()) grad_w_gemm(c, rows, j0, n);
+  }
+}
+
+void grad_hidden(const Context& c, int64_t i0, int64_t rows) {
+  const Plan& plan = c.plan;
+  const int64_t H = plan.d.h, V = plan.d.v;
+  const bool bf16 = plan.grad_gemm == Dtype::bf16;
+#pragma omp parallel for num_threads(plan.threads) schedule(static)
+  for (int64_t hc = 0; hc < plan.h_chunks; ++hc) {
+    const int64_t h0 = hc * kHiddenChunk, width = std::min(kHiddenChunk, H - h0);
+    for (int64_t t = 0; t < plan.tiles; ++t) {  // tiles in order: a fixed summation order
+      const int64_t j0 = t * kVocabTile, n = tile_width(plan, t);
+      const WPiece w = w_piece(c.p.w, c.p.w_layout, j0, n, h0, width, plan.grad_gemm, thread_scratch(c));
+      GemmArgs g{};  // grad_x[:, h0..] (+)= G_t [rows, n] W_t [n, width]
+      g.m = rows, g.n = width, g.k = n;
+      g.ab_dtype = plan.grad_gemm;
+      g.a = bf16 ? static_cast<const void*>(c.ws.g_bf16 + j0) : c.ws.scores + j0;
+      g.lda = V, g.trans_a = false;
+      g.b = w.data, g.ldb = w.ld, g.trans_b = !w.vocab_major;
+      g.c = c.ws.grad_x_block + h0, g.ldc = H;
+      g.beta = t == 0 ? 0.0f : 1.0f;
+      plan.gemm->run(g);
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t h = 0; h < H; ++h) store(c.p.grad_x, i0 + r, h, c.ws.grad_x_block[r * H + h]);
+}
+
+}  // namespace flce::cpu

@@ -1,0 +1,35 @@
+// The steps of the cpu backend for one row block, in the order they run.
+// Each is one OpenMP loop over a fixed grid of tasks (vocab tiles, rows or
+// hidden chunks); every output element has one owner and sums run in a fixed
+// order, so results are bitwise identical for any thread count.
+#pragma once
+
+#include "cpu/plan.h"
+
+namespace flce::cpu {
+
+// What every step reads: the problem, its plan and the scratch.
+struct Context {
+  const Problem& p;
+  const Plan& plan;
+  const Workspace& ws;
+  double class_sum;  // C = sum_j c_j
+  double denom;      // D = sum over non-ignored i of t_i c_{y_i}
+};
+
+// Loads the block's x rows; scores s = softcap(a (x W^T + b)) into ws.scores
+// (one GEMM per vocab tile) and each (row, tile)'s softmax state.
+void scores_and_states(const Context& c, int64_t i0, int64_t rows);
+
+// Merges each row's tile states in tile order into RowInfo and, for the
+// forward passes, writes the row's outputs.
+void merge_rows(const Context& c, int64_t i0, int64_t rows);
+
+// Turns the scores into G = d objective / d(x W^T + b) in place, writes
+// grad_logits, and adds the block's share of grad_W and grad_bias.
+void grad_logits_and_weights(const Context& c, int64_t i0, int64_t rows);
+
+// grad_x for the block's rows: G W, one hidden chunk per task.
+void grad_hidden(const Context& c, int64_t i0, int64_t rows);
+
+}  // namespace flce::cpu
