@@ -12,10 +12,8 @@ namespace {
 Status run_pass(const Problem& problem, Pass pass, const RunConfig& config) {
   Status status;
   Dims dims;
-  if (config.threads < 0) {
-    status.error = "threads = " + std::to_string(config.threads) + ": must be >= 0 (0 = default)";
-    return status;
-  }
+  status.error = validate_config(config);
+  if (!status.ok()) return status;
   status.error = validate(problem, pass, &dims);
   if (!status.ok()) return status;
   const Backend* backend = nullptr;
@@ -67,7 +65,8 @@ Status loss_and_grad(const Problem& problem, const RunConfig& config) {
 Status workspace_size(const Problem& problem, Pass pass, const RunConfig& config, size_t* bytes) {
   Status status;
   Dims dims;
-  status.error = validate(problem, pass, &dims);
+  status.error = validate_config(config);
+  if (status.ok()) status.error = validate(problem, pass, &dims);
   if (!status.ok()) return status;
   if (bytes == nullptr) {
     status.error = "bytes: null pointer";

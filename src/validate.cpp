@@ -292,6 +292,13 @@ bool same_view(const Tensor& a, const Tensor& b) {
          a.stride[1] == b.stride[1];
 }
 
+// Two indices of a 2-D view map to one address unless one dimension's
+// stride steps over the whole extent of the other.
+bool overlaps_itself(const Tensor& t) {
+  if (t.ndim < 2 || t.shape[0] < 2 || t.shape[1] < 2) return false;
+  return !(t.stride[0] >= t.shape[1] * t.stride[1] || t.stride[1] >= t.shape[0] * t.stride[0]);
+}
+
 std::string check_devices_and_aliasing(const Problem& p, Pass pass) {
   const Tensor& first = p.logits.present() ? p.logits : p.x;
   std::vector<Arg> all = inputs_of(p, pass), outs = outputs_of(p, pass);
@@ -305,6 +312,11 @@ std::string check_devices_and_aliasing(const Problem& p, Pass pass) {
   }
   for (size_t i = 0; i < outs.size(); ++i) {
     if (!outs[i].t->present()) continue;
+    if (overlaps_itself(*outs[i].t))
+      return format("%s: strides [%lld, %lld] with shape %s make elements share memory; outputs "
+                    "may not overlap themselves",
+                    outs[i].name, (long long)outs[i].t->stride[0], (long long)outs[i].t->stride[1],
+                    shape_str(*outs[i].t).c_str());
     const ByteRange r = bytes_of(*outs[i].t);
     for (Arg other : all) {
       if (other.t == outs[i].t || !other.t->present()) continue;
@@ -339,6 +351,13 @@ Dims dims_of(const Problem& p) {
   if (p.logits.present()) return {p.logits.shape[0], 0, p.logits.shape[1], true};
   const bool vh = p.w_layout == WeightLayout::vh;
   return {p.x.shape[0], p.x.shape[1], p.w.shape[vh ? 0 : 1], false};
+}
+
+std::string validate_config(const RunConfig& config) {
+  if (config.threads < 0 || config.threads > kMaxThreads)
+    return format("threads = %d: must be in [0, %d] (0 = the backend's default)", config.threads,
+                  kMaxThreads);
+  return "";
 }
 
 Tensor w_as_vh(const Tensor& w, WeightLayout layout) {

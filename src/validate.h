@@ -22,6 +22,12 @@ struct Dims {
 // that starts with the argument's name and gives the offending value.
 std::string validate(const Problem& problem, Pass pass, Dims* dims);
 
+// The most threads a call may ask for.
+constexpr int kMaxThreads = 4096;
+
+// Checks the RunConfig's own values (threads); "" or the error.
+std::string validate_config(const RunConfig& config);
+
 // Dims of a problem already validated.
 Dims dims_of(const Problem& problem);
 

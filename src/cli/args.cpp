@@ -26,6 +26,8 @@ std::string Args::parse(int argc, char** argv, int first, const std::vector<Flag
       if (i + 1 >= argc) return "--" + name + ": missing its value " + flag->value;
       value = argv[++i];
     }
+    if (flag->value != nullptr && value.empty())
+      return "--" + name + ": empty value '' (expected " + flag->value + ")";
     values_[name] = value;
   }
   return "";
@@ -42,8 +44,8 @@ std::string Args::get_double(const std::string& name, double* out) const {
   char* end = nullptr;
   errno = 0;
   const double v = std::strtod(text.c_str(), &end);
-  if (text.empty() || *end != '\0' || errno == ERANGE)
-    return "--" + name + ": '" + text + "' is not a number";
+  if (text.empty() || *end != '\0') return "--" + name + ": '" + text + "' is not a number";
+  if (errno == ERANGE && std::fabs(v) > 1) return "--" + name + ": '" + text + "' is out of range";
   *out = v;
   return "";
 }
@@ -54,8 +56,8 @@ std::string Args::get_int(const std::string& name, int64_t* out) const {
   char* end = nullptr;
   errno = 0;
   const long long v = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || errno == ERANGE)
-    return "--" + name + ": '" + text + "' is not an integer";
+  if (text.empty() || *end != '\0') return "--" + name + ": '" + text + "' is not an integer";
+  if (errno == ERANGE) return "--" + name + ": '" + text + "' is out of the 64-bit range";
   *out = v;
   return "";
 }

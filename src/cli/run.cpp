@@ -262,8 +262,16 @@ void allocate_outputs(RunState& s, Problem& p, Dtype out, bool grad) {
   if (p.bias.present()) add("grad_bias.npy", s.grad_bias, p.grad_bias, out, {z.v});
 }
 
-// Writes every output under a temporary name, then renames them all; on any
-// failure removes what it wrote.
+// Every file name `flce run` may write, to clear stale ones from DIR.
+constexpr const char* kOutputFiles[] = {
+    "loss.npy",   "lse.npy",    "logprob.npy",   "argmax.npy",      "entropy.npy",
+    "zloss.npy",  "grad_x.npy", "grad_w.npy",    "grad_bias.npy",   "grad_logits.npy"};
+
+// Writes every output under a temporary name, checks that each final name
+// is free or a regular file, then renames them all into place; on any
+// failure before the renames it removes what it wrote. Outputs of an earlier
+// run that this run does not write (grad_*.npy after a run without --grad)
+// are removed, so DIR always holds one run's outputs.
 void write_outputs(const RunState& s, const std::string& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -272,26 +280,30 @@ void write_outputs(const RunState& s, const std::string& dir) {
     throw Failure{"--out " + dir + ": cannot create the directory" +
                   (ec ? " (" + ec.message() + ")" : std::string(" (a file is in the way)"))};
   std::vector<std::pair<fs::path, fs::path>> written;  // temporary, final
-  auto cleanup = [&] {
-    for (auto& [tmp, final_path] : written) fs::remove(tmp, ec);
+  auto fail = [&](const std::string& message) {
+    std::error_code ignored;
+    for (auto& entry : written) fs::remove(entry.first, ignored);
+    throw Failure{message};
   };
   const std::string suffix = ".tmp" + std::to_string(::getpid());
   for (auto& [file, array] : s.outputs) {
     const fs::path final_path = fs::path(dir) / file;
     const fs::path tmp = fs::path(dir) / ("." + file + suffix);
     written.push_back({tmp, final_path});
-    if (auto e = io::write_npy(tmp.string(), *array); !e.empty()) {
-      cleanup();
-      throw Failure{"--out: " + e};
-    }
+    if (auto e = io::write_npy(tmp.string(), *array); !e.empty()) fail("--out: " + e);
+    if (fs::exists(final_path, ec) && !fs::is_regular_file(final_path, ec))
+      fail("--out: " + final_path.string() + " exists and is not a regular file");
   }
   for (auto& [tmp, final_path] : written) {
     fs::rename(tmp, final_path, ec);
-    if (ec) {
-      cleanup();
-      throw Failure{"--out: cannot rename " + tmp.string() + " to " + final_path.string() + ": " +
-                    ec.message()};
-    }
+    if (ec) fail("--out: cannot rename " + tmp.string() + " to " + final_path.string() + ": " +
+                 ec.message());
+  }
+  for (const char* file : kOutputFiles) {
+    bool ours = false;
+    for (auto& entry : s.outputs) ours |= entry.first == file;
+    const fs::path stale = fs::path(dir) / file;
+    if (!ours && fs::is_regular_file(stale, ec)) fs::remove(stale, ec);
   }
 }
 
