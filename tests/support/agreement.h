@@ -1,0 +1,24 @@
+// One backend's outputs against the brute force, judged by the tolerance
+// policy: the check every backend test (reference, cpu, ...) is built from.
+#pragma once
+
+#include <string>
+
+#include "flce/flce.h"
+#include "support/brute_force.h"
+#include "support/random_problem.h"
+#include "support/tolerance.h"
+
+namespace flce_test {
+
+// Runs `pass` with `config` (for backward: after a forward() whose stored
+// lse it reads, adding that storage's roundoff to the policy) and checks
+// every output written against the brute force under `precision`. Expects
+// the backend `config.backend` to have run.
+void expect_agreement(const DenseProblem& d, const Storage& st, flce::Pass pass,
+                      const flce::RunConfig& config, Precision precision, bool in_place = false);
+
+// Every output of a and b bit for bit (NaN equals NaN).
+void expect_identical_outputs(const Outputs& a, const Outputs& b);
+
+}  // namespace flce_test

@@ -1,0 +1,348 @@
+#include "support/random_problem.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <utility>
+
+#include "common/float16.h"
+
+namespace flce_test {
+namespace {
+
+// Exact decoders, written here so that the library's own are checked by the
+// tests rather than trusted by them.
+double bf16_bits_to_double(uint16_t bits) {
+  const uint32_t wide = uint32_t(bits) << 16;
+  float f;
+  std::memcpy(&f, &wide, sizeof f);
+  return f;
+}
+
+double f16_bits_to_double(uint16_t bits) {
+  const double sign = (bits & 0x8000) ? -1.0 : 1.0;
+  const int exponent = (bits >> 10) & 0x1f, mantissa = bits & 0x3ff;
+  if (exponent == 0) return sign * std::ldexp(double(mantissa), -24);
+  if (exponent == 31)
+    return mantissa ? std::numeric_limits<double>::quiet_NaN()
+                    : sign * std::numeric_limits<double>::infinity();
+  return sign * std::ldexp(double(1024 + mantissa), exponent - 25);
+}
+
+bool is_index(flce::Dtype dtype) {
+  return dtype == flce::Dtype::i32 || dtype == flce::Dtype::i64;
+}
+
+size_t element_size(flce::Dtype dtype) {
+  switch (dtype) {
+    case flce::Dtype::f64:
+    case flce::Dtype::i64: return 8;
+    case flce::Dtype::f32:
+    case flce::Dtype::i32: return 4;
+    default: return 2;
+  }
+}
+
+template <typename T>
+void store(unsigned char* at, T value) {
+  std::memcpy(at, &value, sizeof value);
+}
+
+template <typename T>
+T load(const unsigned char* at) {
+  T value;
+  std::memcpy(&value, at, sizeof value);
+  return value;
+}
+
+// An owned host array that the library sees through a Tensor.
+class HostArray {
+ public:
+  HostArray() = default;  // absent
+  HostArray(flce::Dtype dtype, int ndim, int64_t rows, int64_t cols)
+      : dtype_(dtype), ndim_(ndim), rows_(rows), cols_(cols),
+        bytes_(size_t(count()) * element_size(dtype)) {
+    for (int64_t k = 0; k < count(); ++k)
+      set(k, is_index(dtype) ? -7.0 : std::numeric_limits<double>::quiet_NaN());
+  }
+  static HostArray of(const std::vector<double>& values, flce::Dtype dtype, int ndim,
+                      int64_t rows, int64_t cols = 1) {
+    HostArray a(dtype, ndim, rows, cols);
+    for (int64_t k = 0; k < a.count(); ++k) a.set(k, values[k]);
+    return a;
+  }
+
+  bool present() const { return ndim_ >= 0; }
+  int64_t count() const {
+    if (ndim_ < 0) return 0;
+    return ndim_ == 0 ? 1 : ndim_ == 1 ? rows_ : rows_ * cols_;
+  }
+
+  flce::Tensor view() {
+    flce::Tensor t;
+    if (!present()) return t;
+    t.data = bytes_.data();
+    t.dtype = dtype_;
+    t.ndim = ndim_;
+    if (ndim_ >= 1) {
+      t.shape[0] = rows_;
+      t.stride[0] = ndim_ == 2 ? cols_ : 1;
+    }
+    if (ndim_ == 2) {
+      t.shape[1] = cols_;
+      t.stride[1] = 1;
+    }
+    return t;
+  }
+
+  void set(int64_t k, double value) {
+    unsigned char* at = bytes_.data() + k * element_size(dtype_);
+    switch (dtype_) {
+      case flce::Dtype::f64: return store(at, value);
+      case flce::Dtype::f32: return store(at, float(value));
+      case flce::Dtype::bf16: return store(at, flce::f64_to_bf16(value));
+      case flce::Dtype::f16: return store(at, flce::f64_to_f16(value));
+      case flce::Dtype::i32: return store(at, int32_t(value));
+      case flce::Dtype::i64: return store(at, int64_t(value));
+    }
+  }
+
+  double get(int64_t k) const {
+    const unsigned char* at = bytes_.data() + k * element_size(dtype_);
+    switch (dtype_) {
+      case flce::Dtype::f64: return load<double>(at);
+      case flce::Dtype::f32: return load<float>(at);
+      case flce::Dtype::bf16: return bf16_bits_to_double(load<uint16_t>(at));
+      case flce::Dtype::f16: return f16_bits_to_double(load<uint16_t>(at));
+      case flce::Dtype::i32: return load<int32_t>(at);
+      case flce::Dtype::i64: return double(load<int64_t>(at));
+    }
+    return 0;
+  }
+
+  std::vector<double> values() const {
+    std::vector<double> v(count());
+    for (int64_t k = 0; k < count(); ++k) v[k] = get(k);
+    return v;
+  }
+  std::vector<int64_t> indices() const {
+    std::vector<int64_t> v(count());
+    for (int64_t k = 0; k < count(); ++k) {
+      const unsigned char* at = bytes_.data() + k * element_size(dtype_);
+      v[k] = dtype_ == flce::Dtype::i64 ? load<int64_t>(at) : load<int32_t>(at);
+    }
+    return v;
+  }
+
+ private:
+  flce::Dtype dtype_ = flce::Dtype::f64;
+  int ndim_ = -1;
+  int64_t rows_ = 0, cols_ = 0;
+  std::vector<unsigned char> bytes_;
+};
+
+void round_all(std::vector<double>* values, flce::Dtype dtype) {
+  for (double& v : *values) v = round_to(v, dtype);
+}
+
+}  // namespace
+
+double round_to(double v, flce::Dtype dtype) {
+  HostArray a(dtype, 0, 0, 0);
+  a.set(0, v);
+  return a.get(0);
+}
+
+// ---- Case ------------------------------------------------------------------
+
+std::vector<double> Case::draw(int64_t count, double lo, double hi) {
+  std::uniform_real_distribution<double> dist(lo, hi);
+  std::vector<double> v(count);
+  for (double& x : v) x = dist(rng_);
+  return v;
+}
+
+Case Case::head(int64_t n, int64_t h, int64_t v, uint64_t seed) {
+  Case c;
+  c.rng_.seed(seed);
+  c.dense_.n = n;
+  c.dense_.h = h;
+  c.dense_.v = v;
+  c.dense_.x = c.draw(n * h, -1, 1);
+  c.dense_.w = c.draw(v * h, -1, 1);
+  std::uniform_int_distribution<int64_t> label(0, v - 1);
+  for (int64_t i = 0; i < n; ++i) c.dense_.labels.push_back(label(c.rng_));
+  return c;
+}
+
+Case Case::logits(int64_t n, int64_t v, uint64_t seed) {
+  Case c;
+  c.rng_.seed(seed);
+  c.dense_.n = n;
+  c.dense_.v = v;
+  c.dense_.logits_entry = true;
+  c.dense_.logits = c.draw(n * v, -4, 4);
+  std::uniform_int_distribution<int64_t> label(0, v - 1);
+  for (int64_t i = 0; i < n; ++i) c.dense_.labels.push_back(label(c.rng_));
+  return c;
+}
+
+Case& Case::layout(flce::WeightLayout layout) {
+  if (layout != dense_.w_layout) {  // the same W, transposed in memory
+    std::vector<double> w(dense_.w.size());
+    DenseProblem t = dense_;
+    t.w_layout = layout;
+    for (int64_t j = 0; j < dense_.v; ++j)
+      for (int64_t k = 0; k < dense_.h; ++k) w[t.w_index(j, k)] = dense_.weight(j, k);
+    dense_.w = std::move(w);
+    dense_.w_layout = layout;
+  }
+  return *this;
+}
+
+Case& Case::with_bias() { dense_.bias = draw(dense_.v, -1, 1); return *this; }
+Case& Case::with_token_weights() { dense_.token_weights = draw(dense_.n, 0.25, 2); return *this; }
+Case& Case::with_class_weights() { dense_.class_weights = draw(dense_.v, 0.25, 2); return *this; }
+Case& Case::with_grad_lse() { dense_.grad_lse = draw(dense_.n, -1, 1); return *this; }
+Case& Case::with_grad_entropy() { dense_.grad_entropy = draw(dense_.n, -1, 1); return *this; }
+Case& Case::with_grad_loss() {
+  grad_loss_ = true;
+  grad_loss_scalar_ = draw(1, -2, 2)[0];
+  grad_loss_rows_ = draw(dense_.n, -2, 2);
+  return *this;
+}
+Case& Case::ignore_rows(std::vector<int64_t> rows) { ignored_ = std::move(rows); return *this; }
+Case& Case::reduction(flce::Reduction r) { dense_.options.reduction = r; return *this; }
+Case& Case::logit_scale(double a) { dense_.options.logit_scale = a; return *this; }
+Case& Case::softcap(double k) { dense_.options.softcap = k; return *this; }
+Case& Case::label_smoothing(double e) { dense_.options.label_smoothing = e; return *this; }
+Case& Case::z_loss(double l) { dense_.options.z_loss = l; return *this; }
+Case& Case::ignore_index(int64_t index) { dense_.options.ignore_index = index; return *this; }
+Case& Case::logit_magnitude(double m) { magnitude_ = m; return *this; }
+Case& Case::stored_as(flce::Dtype d) { storage_.inputs = d; return *this; }
+Case& Case::outputs_as(flce::Dtype d) { storage_.outputs = storage_.gradients = d; return *this; }
+Case& Case::gradients_as(flce::Dtype d) { storage_.gradients = d; return *this; }
+Case& Case::reals_as(flce::Dtype d) { storage_.reals = d; return *this; }
+Case& Case::labels_as(flce::Dtype d) { storage_.labels = d; return *this; }
+
+DenseProblem Case::problem() const {
+  DenseProblem d = dense_;
+  if (magnitude_ > 0) {
+    double largest = 0;
+    for (int64_t i = 0; i < d.n; ++i)
+      for (int64_t j = 0; j < d.v; ++j) {
+        double dot = d.logits_entry ? d.logits[i * d.v + j] : (d.bias.empty() ? 0 : d.bias[j]);
+        for (int64_t k = 0; k < d.h; ++k) dot += d.x[i * d.h + k] * d.weight(j, k);
+        largest = std::max(largest, std::fabs(dot));
+      }
+    const double f = magnitude_ / largest;
+    for (auto* a : {&d.x, &d.bias, &d.logits})
+      for (double& v : *a) v *= f;
+  }
+  for (int64_t i : ignored_) d.labels[i] = d.options.ignore_index;
+  if (grad_loss_) {
+    d.grad_loss = d.options.reduction == flce::Reduction::none
+                      ? grad_loss_rows_
+                      : std::vector<double>{grad_loss_scalar_};
+  }
+  for (auto* a : {&d.x, &d.w, &d.bias, &d.logits}) round_all(a, storage_.inputs);
+  for (auto* a : {&d.token_weights, &d.class_weights, &d.grad_loss, &d.grad_lse, &d.grad_entropy})
+    round_all(a, storage_.reals);
+  return d;
+}
+
+// ---- Running the library ---------------------------------------------------
+
+Outputs run_library(const DenseProblem& d, const Storage& st, const Request& rq) {
+  const bool fwd = rq.pass != flce::Pass::backward, bwd = rq.pass != flce::Pass::forward;
+  const bool vh = d.w_layout == flce::WeightLayout::vh;
+  const bool none = d.options.reduction == flce::Reduction::none;
+  auto optional = [](const std::vector<double>& v, flce::Dtype dtype, int ndim, int64_t rows) {
+    return v.empty() ? HostArray() : HostArray::of(v, dtype, ndim, rows);
+  };
+  HostArray x, w, bias, logits;
+  if (d.logits_entry) {
+    logits = HostArray::of(d.logits, st.inputs, 2, d.n, d.v);
+  } else {
+    x = HostArray::of(d.x, st.inputs, 2, d.n, d.h);
+    w = HostArray::of(d.w, st.inputs, 2, vh ? d.v : d.h, vh ? d.h : d.v);
+    bias = optional(d.bias, st.inputs, 1, d.v);
+  }
+  std::vector<double> labels(d.labels.begin(), d.labels.end());
+  HostArray label_array = HostArray::of(labels, st.labels, 1, d.n);
+  HostArray token_weights = optional(d.token_weights, st.reals, 1, d.n);
+  HostArray class_weights = optional(d.class_weights, st.reals, 1, d.v);
+
+  HostArray loss, lse, logprob, argmax, entropy, zloss;
+  if (fwd) {
+    loss = HostArray(st.outputs, none ? 1 : 0, d.n, 1);
+    lse = HostArray(st.outputs, 1, d.n, 1);
+    if (rq.per_row_outputs) {
+      logprob = HostArray(st.outputs, 1, d.n, 1);
+      argmax = HostArray(st.argmax, 1, d.n, 1);
+      entropy = HostArray(st.outputs, 1, d.n, 1);
+      zloss = HostArray(st.outputs, 1, d.n, 1);
+    }
+  } else {
+    lse = HostArray::of(rq.saved_lse, st.outputs, 1, d.n);
+  }
+  HostArray grad_loss, grad_lse, grad_entropy, grad_x, grad_w, grad_bias, grad_logits;
+  if (bwd) {
+    grad_loss = optional(d.grad_loss, st.reals, none ? 1 : 0, d.n);
+    grad_lse = optional(d.grad_lse, st.reals, 1, d.n);
+    grad_entropy = optional(d.grad_entropy, st.reals, 1, d.n);
+    if (rq.gradients && d.logits_entry && !rq.in_place) {
+      grad_logits = HostArray(st.gradients, 2, d.n, d.v);
+    } else if (rq.gradients && !d.logits_entry) {
+      grad_x = HostArray(st.gradients, 2, d.n, d.h);
+      grad_w = HostArray(st.gradients, 2, vh ? d.v : d.h, vh ? d.h : d.v);
+      if (!d.bias.empty()) grad_bias = HostArray(st.gradients, 1, d.v, 1);
+    }
+  }
+
+  flce::Problem p;
+  p.x = x.view();
+  p.w = w.view();
+  p.w_layout = d.w_layout;
+  p.bias = bias.view();
+  p.logits = logits.view();
+  p.labels = label_array.view();
+  p.token_weights = token_weights.view();
+  p.class_weights = class_weights.view();
+  p.options = d.options;
+  p.loss = loss.view();
+  p.lse = lse.view();
+  p.logprob = logprob.view();
+  p.argmax = argmax.view();
+  p.entropy = entropy.view();
+  p.zloss = zloss.view();
+  p.grad_loss = grad_loss.view();
+  p.grad_lse = grad_lse.view();
+  p.grad_entropy = grad_entropy.view();
+  p.grad_x = grad_x.view();
+  p.grad_w = grad_w.view();
+  p.grad_bias = grad_bias.view();
+  p.grad_logits = rq.in_place && bwd && rq.gradients ? logits.view() : grad_logits.view();
+
+  Outputs out;
+  switch (rq.pass) {
+    case flce::Pass::forward: out.status = flce::forward(p, rq.config); break;
+    case flce::Pass::backward: out.status = flce::backward(p, rq.config); break;
+    case flce::Pass::loss_and_grad: out.status = flce::loss_and_grad(p, rq.config); break;
+  }
+  if (fwd) {
+    out.loss = loss.values();
+    out.lse = lse.values();
+    out.logprob = logprob.values();
+    out.argmax = argmax.indices();
+    out.entropy = entropy.values();
+    out.zloss = zloss.values();
+  }
+  out.grad_x = grad_x.values();
+  out.grad_w = grad_w.values();
+  out.grad_bias = grad_bias.values();
+  out.grad_logits = rq.in_place && bwd && rq.gradients ? logits.values() : grad_logits.values();
+  return out;
+}
+
+}  // namespace flce_test

@@ -1,0 +1,98 @@
+// Test problems: a small builder for random DenseProblems whose values are
+// exactly representable in their storage dtypes, and the code that hands one
+// to the library (flce::Problem of host tensors) and reads the outputs back.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "flce/flce.h"
+#include "support/brute_force.h"
+
+namespace flce_test {
+
+// The dtypes the library sees.
+struct Storage {
+  flce::Dtype inputs = flce::Dtype::f64;   // x, w, bias, logits
+  flce::Dtype reals = flce::Dtype::f64;    // token/class weights, cotangents
+  flce::Dtype labels = flce::Dtype::i64;
+  flce::Dtype outputs = flce::Dtype::f64;    // loss, lse, logprob, entropy, zloss
+  flce::Dtype gradients = flce::Dtype::f64;  // grad_x, grad_w, grad_bias, grad_logits
+  flce::Dtype argmax = flce::Dtype::i64;
+};
+
+// v rounded to `dtype` and decoded back (the value the library reads).
+double round_to(double v, flce::Dtype dtype);
+
+// A random problem, built step by step:
+//   Case::head(4, 8, 16).with_bias().softcap(5).reduction(Reduction::sum)
+// Values are drawn when a step asks for them; problem() rounds every array
+// to its storage dtype, labels the ignored rows and shapes grad_loss.
+class Case {
+ public:
+  // x ~ U(-1, 1), W ~ U(-1, 1), labels ~ U{0..V-1}.
+  static Case head(int64_t n, int64_t h, int64_t v, uint64_t seed = 1);
+  // logits ~ U(-4, 4).
+  static Case logits(int64_t n, int64_t v, uint64_t seed = 1);
+
+  Case& layout(flce::WeightLayout layout);
+  Case& with_bias();
+  Case& with_token_weights();   // U(0.25, 2)
+  Case& with_class_weights();   // U(0.25, 2)
+  Case& with_grad_loss();       // U(-2, 2), 0-D or [N] by the reduction
+  Case& with_grad_lse();        // U(-1, 1)
+  Case& with_grad_entropy();    // U(-1, 1)
+  Case& ignore_rows(std::vector<int64_t> rows);
+  Case& reduction(flce::Reduction reduction);
+  Case& logit_scale(double a);
+  Case& softcap(double k);
+  Case& label_smoothing(double e);
+  Case& z_loss(double l);
+  Case& ignore_index(int64_t index);
+  // Scales x (and bias) or the logits so that max |x.W + b| is `m`.
+  Case& logit_magnitude(double m);
+  Case& stored_as(flce::Dtype inputs);
+  Case& outputs_as(flce::Dtype outputs);      // forward outputs and gradients
+  Case& gradients_as(flce::Dtype gradients);  // gradients only
+  Case& reals_as(flce::Dtype reals);
+  Case& labels_as(flce::Dtype labels);
+
+  DenseProblem problem() const;
+  const Storage& storage() const { return storage_; }
+
+ private:
+  std::vector<double> draw(int64_t count, double lo, double hi);
+  DenseProblem dense_;
+  Storage storage_;
+  std::mt19937_64 rng_;
+  std::vector<int64_t> ignored_;
+  bool grad_loss_ = false;
+  double grad_loss_scalar_ = 0;
+  std::vector<double> grad_loss_rows_;
+  double magnitude_ = 0;
+};
+
+// What the library wrote, decoded to doubles (absent outputs stay empty).
+struct Outputs {
+  flce::Status status;
+  std::vector<double> loss, lse, logprob, entropy, zloss;
+  std::vector<int64_t> argmax;
+  std::vector<double> grad_x, grad_w, grad_bias, grad_logits;
+};
+
+struct Request {
+  flce::Pass pass = flce::Pass::loss_and_grad;
+  flce::RunConfig config;
+  std::vector<double> saved_lse;  // backward(): the lse forward() wrote
+  bool in_place = false;          // grad_logits over the logits
+  bool per_row_outputs = true;    // logprob, argmax, entropy, zloss
+  bool gradients = true;          // grad_x, grad_w, grad_bias / grad_logits
+};
+
+// Stores `problem` as `storage` says, calls flce::forward/backward/
+// loss_and_grad, and reads every output back. Outputs start as NaN (-7 for
+// argmax) so that one left unwritten shows.
+Outputs run_library(const DenseProblem& problem, const Storage& storage, const Request& request);
+
+}  // namespace flce_test

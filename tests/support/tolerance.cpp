@@ -1,0 +1,442 @@
+// The tolerance policy of tolerance.h, section by section.
+#include "support/tolerance.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <sstream>
+
+namespace flce_test {
+
+double unit_roundoff(flce::Dtype dtype) {
+  switch (dtype) {
+    case flce::Dtype::f64: return 0x1p-53;
+    case flce::Dtype::f32: return 0x1p-24;
+    case flce::Dtype::f16: return 0x1p-11;
+    case flce::Dtype::bf16: return 0x1p-8;
+    default: return 0.0;  // integers are exact
+  }
+}
+
+double gamma(double n, double u) {
+  const double nu = n * u;
+  return nu >= 1.0 ? std::numeric_limits<double>::infinity() : nu / (1.0 - nu);
+}
+
+double tiny(double u) {
+  if (u <= 0x1p-53) return 0x1p-1074;  // f64
+  if (u <= 0x1p-24) return 0x1p-149;   // f32
+  if (u <= 0x1p-11) return 0x1p-24;    // f16
+  return 0x1p-133;                     // bf16
+}
+
+Precision Precision::float64(flce::Dtype out) {
+  Precision p;
+  p.u_out = unit_roundoff(out);
+  return p;
+}
+
+namespace {
+
+constexpr double kappa = kFunctionUlps;
+
+// p * q with 0 * anything = 0 (a class with p = 0 contributes nothing).
+double pw(double p, double q) { return p == 0.0 ? 0.0 : p * q; }
+
+// What each row needs from sections 1-4, kept for sections 5-6.
+struct RowTerms {
+  std::vector<double> dlogp;  // [n, v]
+  std::vector<double> relp;   // [n, v]
+  std::vector<double> dlse;   // [n]
+  std::vector<double> eval;   // E_i, [n]
+};
+
+// Section 1: ds_ij and Delta_i.
+void logit_bounds(const DenseProblem& d, const BruteForce& x, const Precision& pr,
+                  Bounds* b) {
+  const double a = d.options.logit_scale, k = d.options.softcap;
+  const double ua = pr.u_accum, us = pr.u_store;
+  const double g_dot = gamma(d.logits_entry ? 2.0 : double(d.h + 3), ua);
+  b->logits.assign(d.n * d.v, 0.0);
+  b->row_logit.assign(d.n, 0.0);
+  for (int64_t i = 0; i < d.n; ++i) {
+    for (int64_t j = 0; j < d.v; ++j) {
+      const int64_t ij = i * d.v + j;
+      double m;
+      if (d.logits_entry) {
+        m = std::fabs(d.logits[ij]);
+      } else {
+        m = d.bias.empty() ? 0.0 : std::fabs(d.bias[j]);
+        for (int64_t kk = 0; kk < d.h; ++kk) m += std::fabs(d.x[i * d.h + kk] * d.weight(j, kk));
+      }
+      const double z = x.z[ij], s = x.s[ij];
+      double ds;
+      if (std::isinf(z) && !std::isnan(m)) {
+        ds = 0.0;  // +-inf logits are exact
+      } else {
+        const double dz = a * g_dot * m;
+        if (k > 0) {
+          const double t = std::tanh(std::max(0.0, std::fabs(z) - dz) / k);
+          ds = (1.0 - t * t) * dz + ((kappa + 4.0) * ua + us) * std::fabs(s);
+        } else {
+          ds = dz + us * std::fabs(s);
+        }
+      }
+      b->logits[ij] = ds;
+      b->row_logit[i] = std::isnan(ds) ? ds : std::max(b->row_logit[i], ds);
+    }
+  }
+}
+
+// Sections 2-4: lse, logprob, p, entropy.
+RowTerms row_bounds(const DenseProblem& d, const BruteForce& x, const Precision& pr,
+                    double floor, Bounds* b) {
+  const double ua = pr.u_accum, uo = pr.u_out;
+  const double log_v = std::log(double(d.v));
+  const double gv = gamma(double(d.v), ua), gv1 = gamma(double(d.v + 1), ua);
+  RowTerms t;
+  t.dlogp.assign(d.n * d.v, 0.0);
+  t.relp.assign(d.n * d.v, 0.0);
+  t.dlse.assign(d.n, 0.0);
+  t.eval.assign(d.n, 0.0);
+  for (auto* v : {&b->lse, &b->logprob, &b->entropy}) v->assign(d.n, 0.0);
+  for (int64_t i = 0; i < d.n; ++i) {
+    const double lse = x.lse[i], mu = x.mean_s[i];
+    const double eval = gv + double(d.v + 1) * (kappa + 1.0) * ua + 3.0 * ua * log_v +
+                        kappa * ua * log_v + ua * std::fabs(lse) + pr.u_saved_lse * std::fabs(lse);
+    const double dlse = b->row_logit[i] + eval;
+    t.eval[i] = eval;
+    t.dlse[i] = dlse;
+    b->lse[i] = dlse + uo * std::fabs(lse) + floor;
+
+    double from_logits = 0.0, w = 0.0, evaluation = 0.0;
+    for (int64_t j = 0; j < d.v; ++j) {
+      const int64_t ij = i * d.v + j;
+      const double s = x.s[ij], p = x.p[ij], logp = x.logp[ij];
+      const double rho = 2.0 * ua * (std::fabs(s) + std::fabs(lse) + log_v);
+      t.dlogp[ij] = b->logits[ij] + dlse + rho;
+      t.relp[ij] = t.dlogp[ij] + kappa * ua;
+      from_logits += pw(p, std::fabs(s - mu) * b->logits[ij]);
+      const double mag = pw(p, std::fabs(s) + std::fabs(logp));
+      w += mag;
+      evaluation += pw(mag, rho + kappa * ua + gv1);
+    }
+    const double ent = x.entropy[i];
+    b->entropy[i] = from_logits + eval * (1.0 + w) + evaluation +
+                    ua * (std::fabs(lse) + std::fabs(mu)) + uo * std::fabs(ent) + floor;
+    if (d.ignored(i)) {
+      b->logprob[i] = 0.0;
+    } else {
+      const double lp = x.logprob[i];
+      b->logprob[i] = t.dlogp[i * d.v + d.labels[i]] + uo * std::fabs(lp) + floor;
+    }
+  }
+  return t;
+}
+
+// Section 5: ce, zloss, loss rows and the reduction.
+void loss_bounds(const DenseProblem& d, const BruteForce& x, const Precision& pr,
+                 const RowTerms& t, double floor, Bounds* b) {
+  const double ua = pr.u_accum, uo = pr.u_out;
+  const double e = d.options.label_smoothing, l = d.options.z_loss;
+  const double gv5 = gamma(double(d.v + 5), ua);
+  b->zloss.assign(d.n, 0.0);
+  b->loss_rows.assign(d.n, 0.0);
+  std::vector<double> dloss(d.n, 0.0);
+  for (int64_t i = 0; i < d.n; ++i) {
+    const double lse = x.lse[i];
+    const double dzl = 2.0 * l * std::fabs(lse) * t.dlse[i] + 3.0 * ua * l * lse * lse;
+    b->zloss[i] = dzl + uo * std::fabs(x.zloss[i]) + floor;
+    if (d.ignored(i)) continue;
+    const int64_t y = d.labels[i];
+    const double cy = d.class_weight(y);
+    double dce = (1.0 - e) * cy * t.dlogp[i * d.v + y];
+    double magnitude = (1.0 - e) * cy * std::fabs(x.logp[i * d.v + y]);
+    if (e > 0) {
+      double prop = 0.0, mag = 0.0;
+      for (int64_t j = 0; j < d.v; ++j) {
+        prop += d.class_weight(j) * t.dlogp[i * d.v + j];
+        mag += d.class_weight(j) * (std::fabs(x.s[i * d.v + j]) + std::fabs(lse));
+      }
+      dce += e / double(d.v) * prop;
+      magnitude += e / double(d.v) * mag;
+    }
+    dce += gv5 * magnitude;
+    const double ti = d.token_weight(i);
+    dloss[i] = ti * (dce + dzl) + 2.0 * ua * ti * (std::fabs(x.ce[i]) + std::fabs(x.zloss[i]));
+    b->loss_rows[i] = dloss[i] + uo * std::fabs(x.loss_rows[i]) + floor;
+  }
+  const auto reduction = d.options.reduction;
+  if (reduction == flce::Reduction::none) {
+    b->loss = b->loss_rows;
+    return;
+  }
+  double sum_d = 0.0, sum_abs = 0.0;
+  for (int64_t i = 0; i < d.n; ++i) {
+    sum_d += dloss[i];
+    sum_abs += std::fabs(x.loss_rows[i]);
+  }
+  const double gn = gamma(double(d.n), ua), total = x.loss[0];
+  if (reduction == flce::Reduction::sum) {
+    b->loss = {sum_d + gn * sum_abs + uo * std::fabs(total) + floor};
+  } else if (x.denominator > 0) {
+    b->loss = {(sum_d + gn * sum_abs) / x.denominator +
+               gamma(double(d.n + 1), ua) * std::fabs(total) + uo * std::fabs(total) + floor};
+  } else {
+    b->loss = {0.0};
+  }
+}
+
+// Section 6: dG_ij, the error of dlogits before any output rounding.
+void dlogits_bounds(const DenseProblem& d, const BruteForce& x, const Precision& pr,
+                    const RowTerms& t, Bounds* b) {
+  const double ua = pr.u_accum, tiny_a = tiny(ua);
+  const double a = d.options.logit_scale, k = d.options.softcap;
+  const double e = d.options.label_smoothing, l = d.options.z_loss;
+  const double g9 = gamma(9.0, ua), gv1 = gamma(double(d.v + 1), ua);
+  const double gv5 = gamma(double(d.v + 5), ua);
+  const double rho_r = d.options.reduction == flce::Reduction::mean ? gamma(double(d.n + 1), ua)
+                                                                    : 0.0;
+  double class_sum = 0.0;
+  for (int64_t j = 0; j < d.v; ++j) class_sum += d.class_weight(j);
+  b->dlogits.assign(d.n * d.v, 0.0);
+  for (int64_t i = 0; i < d.n; ++i) {
+    const double q = x.loss_coef[i] * d.token_weight(i);
+    const double g_lse = d.grad_lse.empty() ? 0.0 : d.grad_lse[i];
+    const double g_ent = d.grad_entropy.empty() ? 0.0 : d.grad_entropy[i];
+    const int64_t y = d.ignored(i) ? -1 : d.labels[i];
+    const double cy = y >= 0 ? d.class_weight(y) : 0.0;
+    const double lse = x.lse[i], mu = x.mean_s[i];
+    const double A = (1 - e) * cy + e / double(d.v) * class_sum + 2 * l * lse;
+    const double dA = 2.0 * l * t.dlse[i] +
+                      gv5 * ((1 - e) * cy + e / double(d.v) * class_sum + 2 * l * std::fabs(lse));
+    double dmu = 0.0;
+    for (int64_t j = 0; j < d.v; ++j) {
+      const int64_t ij = i * d.v + j;
+      dmu += pw(x.p[ij], b->logits[ij] + std::fabs(x.s[ij]) * (t.relp[ij] + gv1));
+    }
+    for (int64_t j = 0; j < d.v; ++j) {
+      const int64_t ij = i * d.v + j;
+      const double p = x.p[ij], s = x.s[ij];
+      const double T1 = std::fabs(q * A) * p;
+      const double T2 = j == y ? std::fabs(q) * (1 - e) * cy : 0.0;
+      const double T3 = std::fabs(q) * e / double(d.v) * d.class_weight(j);
+      const double T4 = std::fabs(g_lse) * p;
+      const double T5 = std::fabs(g_ent) * pw(p, std::fabs(s - mu));
+      double dgs = g9 * (T1 + T2 + T3 + T4 + T5) + pw(T1, t.relp[ij] + rho_r) +
+                   pw(std::fabs(q) * p, dA) + (T2 + T3) * rho_r + pw(T4 + T5, t.relp[ij]) +
+                   std::fabs(g_ent) * pw(p, b->logits[ij] + dmu);
+      dgs += tiny_a * (std::fabs(q * A) + std::fabs(g_lse) +
+                       (g_ent != 0 && std::isfinite(s) ? std::fabs(g_ent * (s - mu)) : 0.0));
+      const double gs = x.grad_s[ij];
+      double dgz = dgs;
+      if (k > 0) {
+        const double L = 1.0 - (s / k) * (s / k);
+        const double dL = 2.0 * std::fabs(s) * b->logits[ij] / (k * k) + 4.0 * ua;
+        dgz = L * dgs + std::fabs(gs) * dL;
+      }
+      b->dlogits[ij] = a * dgz + 2.0 * ua * std::fabs(x.dlogits[ij]);
+    }
+  }
+}
+
+// Section 7: the parameter gradients (or grad_logits).
+void gradient_bounds(const DenseProblem& d, const BruteForce& x, const Precision& pr,
+                     double floor, Bounds* b) {
+  const double ua = pr.u_accum, uo = pr.u_out;
+  if (d.logits_entry) {
+    b->grad_logits.assign(d.n * d.v, 0.0);
+    for (int64_t ij = 0; ij < d.n * d.v; ++ij)
+      b->grad_logits[ij] = b->dlogits[ij] + uo * std::fabs(x.dlogits[ij]) + floor;
+    return;
+  }
+  const double gv1 = gamma(double(d.v + 1), ua), gn1 = gamma(double(d.n + 1), ua);
+  // Error of G' as the GEMMs see it, plus the GEMMs' own gamma terms.
+  std::vector<double> for_x(d.n * d.v), for_w(d.n * d.v);
+  for (int64_t ij = 0; ij < d.n * d.v; ++ij) {
+    const double dg = b->dlogits[ij] + pr.u_grad * std::fabs(x.dlogits[ij]);
+    for_x[ij] = dg + gv1 * std::fabs(x.dlogits[ij]);
+    for_w[ij] = dg + gn1 * std::fabs(x.dlogits[ij]);
+  }
+  b->grad_x.assign(d.n * d.h, 0.0);
+  for (int64_t i = 0; i < d.n; ++i)
+    for (int64_t kk = 0; kk < d.h; ++kk) {
+      double sum = 0.0;
+      for (int64_t j = 0; j < d.v; ++j) sum += for_x[i * d.v + j] * std::fabs(d.weight(j, kk));
+      b->grad_x[i * d.h + kk] = sum + uo * std::fabs(x.grad_x[i * d.h + kk]) + floor;
+    }
+  b->grad_w.assign(d.v * d.h, 0.0);
+  for (int64_t j = 0; j < d.v; ++j)
+    for (int64_t kk = 0; kk < d.h; ++kk) {
+      double sum = 0.0;
+      for (int64_t i = 0; i < d.n; ++i) sum += for_w[i * d.v + j] * std::fabs(d.x[i * d.h + kk]);
+      const int64_t at = d.w_index(j, kk);
+      b->grad_w[at] = sum + uo * std::fabs(x.grad_w[at]) + floor;
+    }
+  if (!d.bias.empty()) {
+    b->grad_bias.assign(d.v, 0.0);
+    for (int64_t j = 0; j < d.v; ++j) {
+      double sum = 0.0;
+      for (int64_t i = 0; i < d.n; ++i) sum += for_w[i * d.v + j];
+      b->grad_bias[j] = sum + uo * std::fabs(x.grad_bias[j]) + floor;
+    }
+  }
+}
+
+// The objective sum_i r-weighted loss + g_lse . lse + g_ent . H, from the
+// output bounds, plus gamma_{2N+1} for its own sum.
+double objective_bound(const DenseProblem& d, const BruteForce& x, const Bounds& b,
+                       double ua) {
+  double err = 0.0, mag = 0.0;
+  const bool rows = d.options.reduction == flce::Reduction::none;
+  for (size_t i = 0; i < x.loss.size(); ++i) {
+    const double g = d.grad_loss.empty() ? 1.0 : d.grad_loss[rows ? i : 0];
+    err += std::fabs(g) * b.loss[i];
+    mag += std::fabs(g * x.loss[i]);
+  }
+  for (int64_t i = 0; i < d.n; ++i) {
+    if (!d.grad_lse.empty()) {
+      err += std::fabs(d.grad_lse[i]) * b.lse[i];
+      mag += std::fabs(d.grad_lse[i] * x.lse[i]);
+    }
+    if (!d.grad_entropy.empty()) {
+      err += std::fabs(d.grad_entropy[i]) * b.entropy[i];
+      mag += std::fabs(d.grad_entropy[i] * x.entropy[i]);
+    }
+  }
+  return err + gamma(double(2 * d.n + 1), ua) * mag;
+}
+
+}  // namespace
+
+Bounds error_bounds(const DenseProblem& d, const BruteForce& x, const Precision& pr) {
+  Bounds b;
+  const double floor = double(d.n + d.v + d.h + 8) * tiny(pr.u_accum) + tiny(pr.u_out);
+  logit_bounds(d, x, pr, &b);
+  const RowTerms t = row_bounds(d, x, pr, floor, &b);
+  loss_bounds(d, x, pr, t, floor, &b);
+  dlogits_bounds(d, x, pr, t, &b);
+  gradient_bounds(d, x, pr, floor, &b);
+  b.objective = objective_bound(d, x, b, pr.u_accum);
+  return b;
+}
+
+namespace {
+
+std::string index_str(size_t at, int64_t cols) {
+  std::ostringstream out;
+  if (cols <= 0) {
+    out << "[" << at << "]";
+  } else {
+    out << "[" << int64_t(at) / cols << ", " << int64_t(at) % cols << "]";
+  }
+  return out.str();
+}
+
+// NaN matches NaN, +inf matches +inf, -inf matches -inf.
+bool same_nonfinite(double a, double b) {
+  if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
+  return a == b;
+}
+
+}  // namespace
+
+::testing::AssertionResult within_bounds(const std::string& name,
+                                         const std::vector<double>& actual,
+                                         const std::vector<double>& expected,
+                                         const std::vector<double>& bounds, int64_t cols,
+                                         double c) {
+  if (actual.size() != expected.size() || bounds.size() != expected.size())
+    return ::testing::AssertionFailure()
+           << name << ": sizes differ: actual " << actual.size() << ", expected "
+           << expected.size() << ", bounds " << bounds.size();
+  size_t violations = 0, mismatches = 0, bad_bounds = 0;
+  size_t worst = 0, first_mismatch = 0, first_bad_bound = 0;
+  double worst_ratio = -1.0;
+  for (size_t at = 0; at < expected.size(); ++at) {
+    const double a = actual[at], e = expected[at], bound = c * bounds[at];
+    if (!std::isfinite(a) || !std::isfinite(e)) {
+      if (!same_nonfinite(a, e) && mismatches++ == 0) first_mismatch = at;
+      continue;
+    }
+    if (std::isnan(bound)) {
+      if (bad_bounds++ == 0) first_bad_bound = at;
+      continue;
+    }
+    const double err = std::fabs(a - e);
+    if (err > bound) ++violations;
+    const double ratio = bound > 0 ? err / bound : (err > 0 ? INFINITY : 0.0);
+    if (ratio > worst_ratio) {
+      worst_ratio = ratio;
+      worst = at;
+    }
+  }
+  std::ostringstream out;
+  out.precision(17);
+  out << name << " (" << expected.size() << " elements, C = " << c << ")";
+  if (!expected.empty()) {
+    out << ": worst " << index_str(worst, cols) << " actual " << actual[worst] << ", expected "
+        << expected[worst] << ", |err| " << std::fabs(actual[worst] - expected[worst])
+        << " vs bound " << c * bounds[worst] << " (ratio " << worst_ratio << ")";
+  }
+  if (violations == 0 && mismatches == 0 && bad_bounds == 0)
+    return ::testing::AssertionSuccess() << out.str();
+  auto fail = ::testing::AssertionFailure();
+  fail << name << ": " << violations << " of " << expected.size()
+       << " elements exceed C * bound; " << out.str();
+  if (mismatches > 0)
+    fail << "; " << mismatches << " NaN/Inf position mismatches, first at "
+         << index_str(first_mismatch, cols) << ": actual " << actual[first_mismatch]
+         << ", expected " << expected[first_mismatch];
+  if (bad_bounds > 0)
+    fail << "; " << bad_bounds << " finite values have a NaN bound (test error), first at "
+         << index_str(first_bad_bound, cols);
+  return fail;
+}
+
+::testing::AssertionResult argmax_within_bounds(const std::vector<int64_t>& actual,
+                                                const DenseProblem& d, const BruteForce& x,
+                                                const Bounds& b) {
+  if (int64_t(actual.size()) != d.n)
+    return ::testing::AssertionFailure() << "argmax: " << actual.size() << " rows, expected "
+                                         << d.n;
+  for (int64_t i = 0; i < d.n; ++i) {
+    const int64_t want = x.argmax[i], got = actual[i];
+    if (got == want) continue;
+    if (got < 0 || got >= d.v)
+      return ::testing::AssertionFailure()
+             << "argmax[" << i << "] = " << got << " is outside [0, " << d.v << ")";
+    const double s_max = x.s[i * d.v + want], s_got = x.s[i * d.v + got];
+    if (std::isnan(s_max))
+      return ::testing::AssertionFailure()
+             << "argmax[" << i << "] = " << got << ", expected " << want
+             << " (the first NaN logit of the row)";
+    const double allowed = b.logits[i * d.v + want] + b.logits[i * d.v + got];
+    if (!(s_max - s_got <= allowed))
+      return ::testing::AssertionFailure()
+             << "argmax[" << i << "] = " << got << " (s = " << s_got << "), expected " << want
+             << " (s = " << s_max << "); the gap " << s_max - s_got << " exceeds the logit bounds "
+             << allowed;
+  }
+  return ::testing::AssertionSuccess();
+}
+
+::testing::AssertionResult identical(const std::string& name, const std::vector<double>& a,
+                                     const std::vector<double>& b) {
+  if (a.size() != b.size())
+    return ::testing::AssertionFailure() << name << ": sizes differ: " << a.size() << " vs "
+                                         << b.size();
+  for (size_t at = 0; at < a.size(); ++at) {
+    if (std::isnan(a[at]) && std::isnan(b[at])) continue;
+    if (std::memcmp(&a[at], &b[at], sizeof(double)) != 0) {
+      std::ostringstream out;
+      out.precision(17);
+      out << name << ": element " << at << " differs: " << a[at] << " vs " << b[at];
+      return ::testing::AssertionFailure() << out.str();
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+}  // namespace flce_test

@@ -1,0 +1,256 @@
+// The tolerance policy: how far a backend's outputs may be from the exact
+// values, derived once from a first-order rounding-error analysis and used by
+// every comparison in the tests.
+//
+// ---------------------------------------------------------------------------
+// Precisions and notation
+// ---------------------------------------------------------------------------
+// A computation is described by four unit roundoffs (u = 2^-53 for f64,
+// 2^-24 for f32, 2^-11 for f16, 2^-8 for bf16):
+//   u_a  accumulation: the dot products, sums, exp/log/tanh;
+//   u_s  storage of the logits (u_s = u_a when they stay in the accumulator);
+//   u_o  storage of the outputs (2^-24 for f32 outputs, 2^-53 for f64);
+//   u_g  the cast of dlogits before the gradient GEMMs (0 when there is none).
+// A fifth, u_l, is the precision of an lse that backward() reads after
+// forward() stored it (0 when the lse is computed in the same call).
+//
+// gamma_n = n u_a / (1 - n u_a) bounds the relative error of any n-term sum or
+// dot product, in any order (Higham, "Accuracy and Stability of Numerical
+// Algorithms", ch. 3). It is +inf once n u_a >= 1: no bound exists there.
+// kappa = 2: exp, log and tanh are assumed accurate to 1 ulp (relative error
+// <= 2u); glibc's double functions are, and a vectorized f32 kernel must be for
+// this policy to hold. tiny(u) is the smallest subnormal of the format with
+// unit roundoff u. Every bound is first order in u (terms in u^2 dropped).
+// The option scalars a, k, e, l may be converted to the accumulation
+// precision first; each conversion is one more rounding wherever the scalar
+// enters, and the rounding counts below include it.
+// Below, |.| is elementwise, sums over j run over the V classes, over i over
+// the N rows, over k over the H hidden units; all values on the right-hand
+// sides are the exact ones (the float64 brute force).
+//
+// ---------------------------------------------------------------------------
+// 1. Logits
+// ---------------------------------------------------------------------------
+// M_ij = sum_k |x_ik||W_jk| + |b_j|   (head),   |logits_ij|   (logits entry).
+//   dz_ij = a gamma_n M_ij,  n = H + 3 (H products and sums, the bias, the
+//           scale a and its conversion) for the head, n = 2 (the scale and
+//           its conversion) for the logits entry.
+// No softcap: ds_ij = dz_ij + u_s |s_ij|                  (logit storage).
+// Softcap k:  ds_ij = L_ij dz_ij + ((kappa + 4) u_a + u_s) |s_ij|, where
+//   L_ij = 1 - tanh^2(max(0, |z_ij| - dz_ij) / k) is the largest slope of
+//   k tanh(z/k) within dz_ij of z_ij (mean-value theorem: rigorous), and
+//   (kappa + 4) u_a |s| covers rounding z/k (an argument error u|z|/k, which
+//   the slope turns into u |z| (1 - t^2) <= u |s|, because w sech^2 w <=
+//   tanh w), tanh itself, the product by k, and k's conversion (k (1 + d)
+//   moves s by |d| (|s| + |z| (1 - t^2)) <= 2 u |s|). Storing the logits costs
+//   u_s |s| whether it happens before the softcap (u_s|z|(1 - t^2) <= u_s|s|)
+//   or after it.
+// An exact logit of +-inf (an infinite logits entry) is exact: ds_ij = 0.
+// Delta_i = max_j ds_ij, the row's worst logit error.
+//
+// ---------------------------------------------------------------------------
+// 2. Log-sum-exp
+// ---------------------------------------------------------------------------
+// lse is 1-Lipschitz in the max norm (its gradient p_i sums to 1), so the
+// logit errors move it by at most Delta_i (rigorously, not just first order).
+// Evaluating it from the computed logits, with the max shift or online
+// (Blanchard, Higham and Higham, IMA J. Numer. Anal. 2021), adds
+//   E_i = gamma_V                    the sum of V positive terms, any order
+//       + (V + 1)(kappa + 1) u_a     each term goes through its own exp and
+//                                    at most V online rescalings or merges,
+//                                    each an exp and a product
+//       + 3 u_a ln V                 rounding the exponents s_j - m and the
+//                                    rescale differences m_old - m_new adds
+//                                    <= 2 u (m - s_j) per term (the running
+//                                    maxima rise monotonically to m), and
+//                                    u (m - s_j) more if exp is exp2 of a
+//                                    product by log2(e); weighted by p_j that
+//                                    is 3 u sum_j p_j (m - s_j) <= 3 u H_i
+//                                    <= 3 u ln V
+//       + kappa u_a ln V             the log of a sum in [1, V]
+//       + u_a |lse_i|                adding the max back
+//       + u_l |lse_i|                backward() reading a stored lse.
+// dlse_i = Delta_i + E_i.                       bound(lse_i) = dlse_i + out(lse_i)
+// with out(v) = u_o |v| + floor, the output rounding (floor: see 9).
+//
+// ---------------------------------------------------------------------------
+// 3. Log-probabilities and probabilities
+// ---------------------------------------------------------------------------
+// logp_ij = s_ij - lse_i, formed as s - lse or (s - m) - ln S; the operands
+// are bounded by |s_ij| + |lse_i| + ln V, so the two roundings add
+//   rho_ij = 2 u_a (|s_ij| + |lse_i| + ln V), and
+//   dlogp_ij = ds_ij + dlse_i + rho_ij.
+// bound(logprob_i) = dlogp_{i,y_i} + out(logp_{i,y_i}); ignored rows are 0
+// exactly (bound 0).
+// p_ij = exp(logp_ij) has relative error relP_ij = dlogp_ij + kappa u_a, so
+//   dp_ij = p_ij relP_ij + tiny(u_a)   (~ p (2 Delta + gamma_V) of the notes;
+//                                       tiny: exp underflowing to 0).
+//
+// ---------------------------------------------------------------------------
+// 4. Entropy, H_i = lse_i - mu_i, mu_i = sum_j p_ij s_ij
+// ---------------------------------------------------------------------------
+// The logit errors move H by |sum_j p_ij (s_ij - mu_i) ds_ij| <=
+// sum_j p_ij |s_ij - mu_i| ds_ij. Evaluating it from the computed logits,
+// as lse - sum p s or as -sum p logp, adds, with
+// w_i = sum_j p_ij (|s_ij| + |logp_ij|):
+//   E_i (1 + w_i)                           the lse error, directly and
+//                                           through every p_ij;
+//   sum_j p_ij (|s_ij| + |logp_ij|) (rho_ij + kappa u_a + gamma_{V+1})
+//                                           each p's exponent and exp, the
+//                                           products and the V-term sum;
+//   u_a (|lse_i| + |mu_i|)                  the final subtraction.
+// bound(entropy_i) = the three + the logit term + out(H_i).
+//
+// ---------------------------------------------------------------------------
+// 5. Per-row loss, z-loss, reductions
+// ---------------------------------------------------------------------------
+// ce_i = -(1-e) c_y logp_iy - (e/V) sum_j c_j logp_ij:
+//   dce_i = (1-e) c_y dlogp_iy + (e/V) sum_j c_j dlogp_ij
+//         + gamma_{V+5} ((1-e) c_y |logp_iy| + (e/V) sum_j c_j (|s_ij| + |lse_i|))
+//   (e's conversion, the coefficients 1-e and e/V, two products, the V-term
+//   sum and the final combination; the smoothing sum may be formed as
+//   sum c s - C lse, hence |s| + |lse| rather than |logp|).
+// zl_i = l lse_i^2:  dzl_i = 2 l |lse_i| dlse_i + 3 u_a l lse_i^2
+//   (the square, the product by l, l's conversion).
+// loss_i = t_i (ce_i + zl_i) (ce, zl >= 0, no cancellation):
+//   dloss_i = t_i (dce_i + dzl_i) + 2 u_a t_i (|ce_i| + |zl_i|).
+// bound(loss_i) = dloss_i + out(loss_i), 0 for ignored rows (exact zeros).
+// bound(zloss_i) = dzl_i + out(zl_i), every row.
+// sum:  sum_i dloss_i + gamma_N sum_i |loss_i| + out(L).
+// mean: (sum_i dloss_i + gamma_N sum_i |loss_i|) / D + gamma_{N+1} |L| + out(L)
+//   (D = sum t_i c_{y_i} of N nonnegative products has relative error
+//   gamma_N; the division one u). D = 0 gives 0 exactly.
+//
+// ---------------------------------------------------------------------------
+// 6. dlogits G = d objective / d (x.W + b)  (or / d logits)
+// ---------------------------------------------------------------------------
+// r_i = d objective / d loss_i: grad_loss (exact) for none and sum,
+// grad_loss / D for mean (relative error rho_r = gamma_{N+1}); q_i = r_i t_i.
+// d objective / d s_ij = T1 - T2 - T3 + T4 - T5 with
+//   T1 = q_i A_i p_ij,  A_i = (1-e) c_y + (e/V) C + 2 l lse_i,  C = sum_j c_j
+//   T2 = q_i (1-e) c_y [j = y_i],  T3 = q_i (e/V) c_j,
+//   T4 = g_lse_i p_ij,  T5 = g_ent_i p_ij (s_ij - mu_i).
+// Forming each term takes at most 5 roundings (T3: q = r t, e's conversion,
+// e/V, the products by c_j and q), and the five are combined with 4 more, so
+// evaluation adds gamma_9 sum |T|. The
+// propagated errors of the computed factors add
+//   |T1| (relP_ij + rho_r) + |q_i| p_ij dA_i,
+//       dA_i = 2 l dlse_i + gamma_{V+5} ((1-e) c_y + (e/V) C + 2 l |lse_i|);
+//   (|T2| + |T3|) rho_r;  (|T4| + |T5|) relP_ij;
+//   |g_ent_i| p_ij (ds_ij + dmu_i),
+//       dmu_i = sum_j p_ij (ds_ij + |s_ij| (relP_ij + gamma_{V+1}));
+//   tiny(u_a) (|q_i A_i| + |g_lse_i| + |g_ent_i| |s_ij - mu_i|)  (p underflow).
+// Softcap: G^z = L G^s with L = 1 - (s/k)^2, whose error is
+//   dL_ij = 2 |s_ij| ds_ij / k^2 + 4 u_a (s/k, the square, 1 - .).
+// Scale: G = a L G^s;  dG_ij = a (L dG^s_ij + |G^s_ij| dL_ij) + 2 u_a |G_ij|.
+// bound(grad_logits_ij) = dG_ij + out(G_ij).
+//
+// ---------------------------------------------------------------------------
+// 7. Parameter gradients
+// ---------------------------------------------------------------------------
+// The GEMMs read G' = G, cast with u_g: dG'_ij = dG_ij + u_g |G_ij|. A dot
+// product of computed factors adds gamma_n of the sum of |products|; one
+// more rounding allows the scale a to be applied after the GEMM.
+//   bound(grad_x_ik) = sum_j (dG'_ij + gamma_{V+1} |G_ij|) |W_jk| + out
+//   bound(grad_W_jk) = sum_i (dG'_ij + gamma_{N+1} |G_ij|) |x_ik| + out
+//   bound(grad_b_j)  = sum_i (dG'_ij + gamma_{N+1} |G_ij|) + out
+//
+// ---------------------------------------------------------------------------
+// 8. Argmax
+// ---------------------------------------------------------------------------
+// The computed s_ij lies within ds_ij of the exact one, so class j can be the
+// computed argmax only if s_i,max - s_ij <= ds_ij + ds_i,max. A backend must
+// return such a class, hence exactly the oracle's one wherever the top two
+// logits are further apart than that (at most 2 Delta_i). A row with a NaN
+// logit must return the first NaN's index.
+//
+// ---------------------------------------------------------------------------
+// 9. Floor, and the constant C
+// ---------------------------------------------------------------------------
+// The gamma bounds assume no underflow. An operation whose result is
+// subnormal loses at most tiny(u) absolutely; an output element is formed by
+// fewer than N + V + H + 8 operations, so every bound gets
+//   floor = (N + V + H + 8) tiny(u_a) + tiny(u_o).
+// This is what lets exact zeros and underflowed probabilities compare.
+// C = 1: the check is |actual - exact| <= 1 * bound. The bounds above are
+// rigorous worst cases to first order, so no safety factor is needed, and a
+// factor below 1 (probabilistic error growth) would need an argument we do
+// not make here. The exact values come from the float64 brute force, whose
+// own error (a u = 2^-53 instance of the same bounds) is negligible next to
+// any bound computed here and is not added.
+//
+// NaN and Inf: positions must match exactly (NaN for NaN, +inf for +inf,
+// -inf for -inf); a finite expected value with a non-finite bound is a
+// test-construction error and is reported as such.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "flce/flce.h"
+#include "support/brute_force.h"
+
+namespace flce_test {
+
+// C in |actual - exact| <= C * bound (section 9 above).
+constexpr double kBoundFactor = 1.0;
+// kappa: relative error of exp, log and tanh, in units of u (1 ulp).
+constexpr double kFunctionUlps = 2.0;
+
+// Unit roundoff of a floating dtype: 2^-53, 2^-24, 2^-11 (f16), 2^-8 (bf16).
+double unit_roundoff(flce::Dtype dtype);
+// gamma_n = n u / (1 - n u), +inf when n u >= 1.
+double gamma(double n, double u);
+// Smallest positive subnormal of the format whose unit roundoff is u.
+double tiny(double u);
+
+struct Precision {
+  double u_accum = 0x1p-53;  // u_a
+  double u_store = 0x1p-53;  // u_s
+  double u_out = 0x1p-53;    // u_o
+  double u_grad = 0.0;       // u_g
+  double u_saved_lse = 0.0;  // u_l
+
+  // The reference backend: float64 throughout, outputs stored as `out`.
+  static Precision float64(flce::Dtype out = flce::Dtype::f64);
+};
+
+// Per-output absolute error bounds, shaped like the outputs.
+struct Bounds {
+  std::vector<double> logits;     // ds_ij, [n, v]
+  std::vector<double> row_logit;  // Delta_i, [n]
+  std::vector<double> lse, logprob, entropy, zloss, loss_rows;  // [n]
+  std::vector<double> loss;       // [n] (none) or [1]
+  std::vector<double> dlogits;    // dG_ij (before the output rounding), [n, v]
+  std::vector<double> grad_x, grad_w, grad_bias, grad_logits;
+  double objective = 0;  // of brute.objective, for finite differences
+};
+
+Bounds error_bounds(const DenseProblem& problem, const BruteForce& exact,
+                    const Precision& precision);
+
+// |actual - expected| <= c * bound elementwise, with NaN/Inf positions
+// matching exactly. On failure: how many elements fail, the worst one (by
+// error / bound) with its index ([row, col] when cols > 0), and the first
+// NaN/Inf mismatch.
+::testing::AssertionResult within_bounds(const std::string& name,
+                                         const std::vector<double>& actual,
+                                         const std::vector<double>& expected,
+                                         const std::vector<double>& bounds, int64_t cols = 0,
+                                         double c = kBoundFactor);
+
+// Section 8: every row's argmax is a class that could be the maximum given
+// the logit bounds (the exact one where the gap is large), and the first NaN
+// for rows with a NaN logit.
+::testing::AssertionResult argmax_within_bounds(const std::vector<int64_t>& actual,
+                                                const DenseProblem& problem,
+                                                const BruteForce& exact, const Bounds& bounds);
+
+// The same bits (NaN payloads aside: NaN equals NaN).
+::testing::AssertionResult identical(const std::string& name, const std::vector<double>& a,
+                                     const std::vector<double>& b);
+
+}  // namespace flce_test
