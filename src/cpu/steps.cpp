@@ -110,6 +110,7 @@ double loss_cotangent(const Context& c, int64_t i) {
 }
 
 double lse_of(const Merged& m) {
+  if (m.first_nan >= 0) return NAN;
   if (m.max == INFINITY) return INFINITY;   // as torch.logsumexp
   if (m.max == -INFINITY) return -INFINITY;  // every score -inf
   return m.max + std::log(m.sum_exp);
