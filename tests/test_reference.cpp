@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "flce/flce.h"
+#include "support/agreement.h"
 #include "support/brute_force.h"
 #include "support/finite_diff.h"
 #include "support/random_problem.h"
@@ -47,41 +48,7 @@ Outputs run(const DenseProblem& d, const Storage& st, Pass pass, int threads = 0
 // brute force under the float64 policy (outputs stored as storage.outputs).
 void check(const DenseProblem& d, const Storage& st, Pass pass = Pass::loss_and_grad,
            bool in_place = false) {
-  const BruteForce exact = brute_force(d);
-  Precision precision = Precision::float64(st.outputs);
-  std::vector<double> saved_lse;
-  if (pass == Pass::backward) {
-    const Outputs fwd = run(d, st, Pass::forward);
-    ASSERT_TRUE(fwd.status.ok()) << fwd.status.error;
-    saved_lse = fwd.lse;
-    precision.u_saved_lse = unit_roundoff(st.outputs);
-  }
-  const Bounds b = error_bounds(d, exact, precision);
-  // Gradients have their own output dtype (the logits' one when in place).
-  Precision grad_precision = precision;
-  grad_precision.u_out = unit_roundoff(in_place ? st.inputs : st.gradients);
-  const Bounds gb = error_bounds(d, exact, grad_precision);
-  const Outputs out = run(d, st, pass, 0, saved_lse, in_place);
-  ASSERT_TRUE(out.status.ok()) << out.status.error;
-  EXPECT_EQ(out.status.backend, "reference");
-  if (pass != Pass::backward) {
-    EXPECT_TRUE(within_bounds("loss", out.loss, exact.loss, b.loss));
-    EXPECT_TRUE(within_bounds("lse", out.lse, exact.lse, b.lse));
-    EXPECT_TRUE(within_bounds("logprob", out.logprob, exact.logprob, b.logprob));
-    EXPECT_TRUE(within_bounds("entropy", out.entropy, exact.entropy, b.entropy));
-    EXPECT_TRUE(within_bounds("zloss", out.zloss, exact.zloss, b.zloss));
-    EXPECT_TRUE(argmax_within_bounds(out.argmax, d, exact, b));
-  }
-  if (pass == Pass::forward) return;
-  if (d.logits_entry) {
-    EXPECT_TRUE(within_bounds("grad_logits", out.grad_logits, exact.grad_logits, gb.grad_logits,
-                              d.v));
-  } else {
-    EXPECT_TRUE(within_bounds("grad_x", out.grad_x, exact.grad_x, gb.grad_x, d.h));
-    const int64_t w_cols = d.w_layout == WeightLayout::vh ? d.h : d.v;
-    EXPECT_TRUE(within_bounds("grad_w", out.grad_w, exact.grad_w, gb.grad_w, w_cols));
-    EXPECT_TRUE(within_bounds("grad_bias", out.grad_bias, exact.grad_bias, gb.grad_bias));
-  }
+  expect_agreement(d, st, pass, reference(), Precision::float64(st.outputs), in_place);
 }
 
 void check(const Case& c, Pass pass = Pass::loss_and_grad) {
