@@ -239,26 +239,44 @@ void grad_logits_and_weights(const Context& c, int64_t i0, int64_t rows) {
   }
 }
 
-void grad_hidden(const Context& c, int64_t i0, int64_t rows) {
+namespace {
+
+// grad_x[r0 .. r0+m, h0 .. h0+width] = G[r0 .., :] W[:, h0 ..]: one GEMM over
+// the whole vocabulary when W can be read in place, else tile by tile (in
+// order) from converted pieces of W.
+void grad_hidden_task(const Context& c, int64_t r0, int64_t m, int64_t h0, int64_t width) {
   const Plan& plan = c.plan;
   const int64_t H = plan.d.h, V = plan.d.v;
   const bool bf16 = plan.grad_gemm == Dtype::bf16;
+  const bool in_place = c.p.w.dtype == plan.grad_gemm && c.p.w.stride[1] == 1;
+  const int64_t step = in_place ? V : kVocabTile;
+  for (int64_t j0 = 0; j0 < V; j0 += step) {
+    const int64_t n = std::min(step, V - j0);
+    const WPiece w = w_piece(c.p.w, c.p.w_layout, j0, n, h0, width, plan.grad_gemm, thread_scratch(c));
+    GemmArgs g{};
+    g.m = m, g.n = width, g.k = n;
+    g.ab_dtype = plan.grad_gemm;
+    g.a = bf16 ? static_cast<const void*>(c.ws.g_bf16 + r0 * V + j0) : c.ws.scores + r0 * V + j0;
+    g.lda = V, g.trans_a = false;
+    g.b = w.data, g.ldb = w.ld, g.trans_b = !w.vocab_major;
+    g.c = c.ws.grad_x_block + r0 * H + h0, g.ldc = H;
+    g.beta = j0 == 0 ? 0.0f : 1.0f;
+    plan.gemm->run(g);
+  }
+}
+
+}  // namespace
+
+void grad_hidden(const Context& c, int64_t i0, int64_t rows) {
+  const Plan& plan = c.plan;
+  const int64_t H = plan.d.h;
+  // Tasks: groups of kGradXRows rows by chunks of kHiddenChunk columns.
+  const int64_t row_groups = (rows + kGradXRows - 1) / kGradXRows;
 #pragma omp parallel for num_threads(plan.threads) schedule(static)
-  for (int64_t hc = 0; hc < plan.h_chunks; ++hc) {
-    const int64_t h0 = hc * kHiddenChunk, width = std::min(kHiddenChunk, H - h0);
-    for (int64_t t = 0; t < plan.tiles; ++t) {  // tiles in order: a fixed summation order
-      const int64_t j0 = t * kVocabTile, n = tile_width(plan, t);
-      const WPiece w = w_piece(c.p.w, c.p.w_layout, j0, n, h0, width, plan.grad_gemm, thread_scratch(c));
-      GemmArgs g{};  // grad_x[:, h0..] (+)= G_t [rows, n] W_t [n, width]
-      g.m = rows, g.n = width, g.k = n;
-      g.ab_dtype = plan.grad_gemm;
-      g.a = bf16 ? static_cast<const void*>(c.ws.g_bf16 + j0) : c.ws.scores + j0;
-      g.lda = V, g.trans_a = false;
-      g.b = w.data, g.ldb = w.ld, g.trans_b = !w.vocab_major;
-      g.c = c.ws.grad_x_block + h0, g.ldc = H;
-      g.beta = t == 0 ? 0.0f : 1.0f;
-      plan.gemm->run(g);
-    }
+  for (int64_t task = 0; task < row_groups * plan.h_chunks; ++task) {
+    const int64_t r0 = (task / plan.h_chunks) * kGradXRows, m = std::min(kGradXRows, rows - r0);
+    const int64_t h0 = (task % plan.h_chunks) * kHiddenChunk, width = std::min(kHiddenChunk, H - h0);
+    grad_hidden_task(c, r0, m, h0, width);
   }
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t h = 0; h < H; ++h) store(c.p.grad_x, i0 + r, h, c.ws.grad_x_block[r * H + h]);

@@ -11,8 +11,7 @@
 // dimensions, transposes, dtype, beta) and kept in a process-wide cache under
 // a mutex. Each thread also keeps its own small map from that key to the
 // dnnl::memory objects and argument map it executes with, and only swaps
-// pointers in per call, so the steady state takes no lock and allocates
-// nothing.
+// pointers in per call, so the steady state takes no lock and builds nothing.
 //
 // Threads. Debian's libdnnl is built with OpenMP. Inside an active OpenMP
 // parallel region oneDNN runs a primitive on the calling thread; outside one
@@ -44,7 +43,7 @@ namespace {
 
 using dnnl::matmul;
 using dnnl::memory;
-using tag_dims = memory::dims;
+using Dims = memory::dims;
 
 // Sets the calling thread's OpenMP thread count to 1 for its lifetime.
 class OneOmpThread {
@@ -130,8 +129,8 @@ memory::data_type dnnl_type(Dtype dtype) {
 // transpose: [cols, rows] stored as [rows, cols].
 memory::desc matrix_md(int64_t rows, int64_t cols, int64_t ld, bool trans,
                        memory::data_type type) {
-  if (!trans) return memory::desc(tag_dims{rows, cols}, type, tag_dims{ld, 1});
-  return memory::desc(tag_dims{rows, cols}, type, tag_dims{1, ld});
+  if (!trans) return memory::desc(Dims{rows, cols}, type, Dims{ld, 1});
+  return memory::desc(Dims{rows, cols}, type, Dims{1, ld});
 }
 
 // Builds the plan; the caller holds a OneOmpThread.

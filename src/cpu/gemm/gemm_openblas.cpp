@@ -3,29 +3,34 @@
 // Threading. Debian's libopenblas0-pthread is built with USE_OPENMP=0: it runs
 // its own pthread pool, sized to the core count when the library loads. We
 // set that pool's width to 1 once, before the first call, so every
-// cblas_sgemm runs entirely on the calling thread and never touches the pool
-// (its exec_blas path is the only one that warns "Detect OpenMP Loop and this
-// application may hang", and it is never reached). With one thread, OpenBLAS
-// is safe to call from several threads at once: each call takes its own
-// packing buffers from the library's lock-protected buffer table and keeps no
-// other shared state. tests/test_gemm.cpp checks both (bitwise-equal results
-// under concurrency, and CPU time on the calling thread only).
+// cblas_sgemm runs entirely on the calling thread and never hands work to the
+// pool. Without that, a large enough product splits over the pool even when
+// called from inside an OpenMP parallel region: oversubscription (measured:
+// twice the CPU time of the calling threads). With one thread, OpenBLAS is
+// safe to call from several threads at once: each call takes its packing
+// buffers from the library's buffer pool, which serves concurrent callers.
+// tests/test_gemm.cpp checks both (bitwise-equal results under concurrency,
+// CPU time on the calling threads only).
 //
 // openblas_set_num_threads is process-wide: anything else in the process
 // that calls OpenBLAS also gets one thread. The cpu backend is the only user.
 //
-// Other Debian variants, should the alternatives point at one: the serial
-// build needs nothing. The OpenMP build (libopenblas0-openmp) must NOT get
-// openblas_set_num_threads(1), which there calls omp_set_num_threads(1) and
-// would shrink every later parallel region of the calling thread; instead,
-// each call runs with the calling thread's OpenMP thread count set to 1 and
-// restored (that build runs serially inside an active parallel region anyway).
+// Other Debian variants, should the alternatives point at one (untested
+// here, only the pthreads build is installed): the serial build needs
+// nothing. The OpenMP build (libopenblas0-openmp) must NOT get
+// openblas_set_num_threads(1), which there also calls omp_set_num_threads(1)
+// and would shrink every later parallel region of the calling thread;
+// instead, each call runs with the calling thread's OpenMP thread count set to
+// 1 and then restored.
 //
-// Kernels. DYNAMIC_ARCH picks kernels for the CPU at load time; 0.3.21 does
-// not know AMD Zen 4/5 and picks Haswell (AVX2) kernels. Exporting
-// OPENBLAS_CORETYPE=SkylakeX before the process starts selects the AVX-512
-// kernels (about twice as fast here, see gemm.cpp); setting it from inside
-// the process is too late, since the library reads it when it is loaded.
+// Kernels. Debian builds with DYNAMIC_ARCH: the kernels are picked when the
+// library loads, from CPUID, or from OPENBLAS_CORETYPE if that is set. On
+// this Zen 5 (AVX-512 + AVX512-BF16) 0.3.21 detects "Cooperlake" and uses
+// its AVX-512 sgemm kernels; OPENBLAS_CORETYPE=Haswell (which the dev
+// environment here exports) forces AVX2 kernels at about half the speed (see
+// gemm.cpp). The variable is read only at load time: setenv() from inside the
+// process changes nothing (checked with bench/gemm_engines --setenv-coretype).
+// describe() reports which kernels are in use.
 #include <cblas.h>
 #include <omp.h>
 
