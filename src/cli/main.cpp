@@ -3,6 +3,7 @@
 #include <cstring>
 #include <string>
 
+#include "cli/bench.h"
 #include "cli/run.h"
 #include "flce/flce.h"
 
@@ -12,6 +13,7 @@ const char* kUsage =
     "usage: flce <command> [options]\n\n"
     "commands:\n"
     "  run        compute loss, lse, per-row outputs and gradients from .npy files\n"
+    "  bench      time a generated problem against its GEMMs (one JSON line)\n"
     "  backends   list the backends in the order they are tried\n\n"
     "  flce --version     print the version\n"
     "  flce <command> --help\n\n"
@@ -44,6 +46,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (command == "run") return flce::cli::run_command(argc, argv, 2);
+  if (command == "bench") return flce::cli::bench_command(argc, argv, 2);
   if (command == "backends") return list_backends_command(argc);
   std::fprintf(stderr, "flce: error: unknown command '%s' (see flce --help)\n", command.c_str());
   return 2;
