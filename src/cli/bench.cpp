@@ -1,9 +1,8 @@
-// `flce bench`: a generated problem (x ~ N(0,1), W ~ N(0, 4/H), uniform
-// labels) timed through the public API, and the logits GEMM of the same
-// shape timed in the same process with the cpu backend's GEMM engine, split
-// over the same threads (vocab blocks, one single-threaded call each). The
-// ratio is the pass's time over the GEMMs it cannot avoid: one for fwd,
-// three for bwd and step (logits, grad_x, grad_W, each 2NHV flops).
+// `flce bench`: a generated problem (cli/bench_problem.h) timed through the
+// public API, and the logits GEMM of the same shape timed in the same
+// process. The ratio is the pass's time over the GEMMs it cannot avoid: one
+// for fwd, three for bwd and step (logits, grad_x, grad_W, each 2NHV flops).
+// gemm_seconds is 0 when the engine has no native GEMM for the dtype.
 #include "cli/bench.h"
 
 #include <omp.h>
@@ -13,12 +12,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "cli/args.h"
-#include "common/float16.h"
+#include "cli/bench_problem.h"
 #include "cpu/gemm/gemm.h"
 #include "flce/flce.h"
 #include "simd/kernels.h"
@@ -78,27 +76,6 @@ Timing time_reps(int reps, F&& f) {
   return {t[t.size() / 2], t.front()};
 }
 
-// U[N, V] = X W^T by vocab blocks of 2048 over `threads` threads, one
-// single-threaded engine call per block, into a [threads, N, 2048] scratch.
-Timing time_gemm(const cpu::GemmEngine& engine, Dtype dtype, const void* x, const void* w,
-                 int64_t N, int64_t H, int64_t V, int threads, int reps) {
-  const int64_t block = 2048;
-  std::vector<float> out(size_t(threads) * size_t(N) * block);
-  const size_t elt = dtype_size(dtype);
-  return time_reps(reps, [&] {
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t j0 = 0; j0 < V; j0 += block) {
-      cpu::GemmArgs g{};
-      g.m = N, g.n = std::min(block, V - j0), g.k = H;
-      g.ab_dtype = dtype;
-      g.a = x, g.lda = H;
-      g.b = static_cast<const char*>(w) + size_t(j0 * H) * elt, g.ldb = H, g.trans_b = true;
-      g.c = out.data() + size_t(omp_get_thread_num()) * size_t(N) * block, g.ldc = block;
-      engine.run(g);
-    }
-  });
-}
-
 struct Setup {
   int64_t n = 0, h = 0, v = 0;
   Dtype dtype = Dtype::f32;
@@ -138,49 +115,14 @@ Setup read_setup(const Args& args) {
 
 int run_bench(const Args& args) {
   const Setup s = read_setup(args);
-  const int64_t N = s.n, H = s.h, V = s.v;
-  std::mt19937_64 rng(1);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  const float w_scale = 2.0f / std::sqrt(float(H));
-  std::vector<float> x32(size_t(N * H)), w32(size_t(V * H));
-  for (float& e : x32) e = normal(rng);
-  for (float& e : w32) e = w_scale * normal(rng);
-  std::vector<uint16_t> x16, w16;
-  const void* x = x32.data();
-  const void* w = w32.data();
-  if (s.dtype == Dtype::bf16) {
-    for (float e : x32) x16.push_back(f32_to_bf16(e));
-    for (float e : w32) w16.push_back(f32_to_bf16(e));
-    x = x16.data(), w = w16.data();
-    std::vector<float>().swap(x32), std::vector<float>().swap(w32);
-  }
-  std::vector<int64_t> labels(static_cast<size_t>(N));
-  for (int64_t& y : labels) y = int64_t(rng() % uint64_t(V));
-  float loss = 0;
-  std::vector<float> lse(static_cast<size_t>(N));
-  std::vector<uint16_t> grad_x(size_t(N * H) * (s.dtype == Dtype::bf16 ? 1 : 2)),
-      grad_w(size_t(V * H) * (s.dtype == Dtype::bf16 ? 1 : 2));
-
-  Problem p;
-  p.x = matrix_view(x, s.dtype, N, H);
-  p.w = matrix_view(w, s.dtype, V, H);
-  p.labels = vector_view(labels.data(), Dtype::i64, N);
-  p.options = s.options;
-  p.lse = vector_view(lse.data(), Dtype::f32, N);
-  if (s.pass != 1) p.loss = scalar_view(&loss, Dtype::f32);
-  if (s.pass != 0) {  // gradients in the storage dtype, as a training step keeps them
-    p.grad_x = matrix_view(grad_x.data(), s.dtype, N, H);
-    p.grad_w = matrix_view(grad_w.data(), s.dtype, V, H);
-  }
-  if (s.pass == 1) {  // backward reads a saved lse
-    Problem f = p;
-    f.loss = scalar_view(&loss, Dtype::f32);
-    f.grad_x = f.grad_w = Tensor{};
-    const Status fs = forward(f, s.config);
+  const Pass pass = s.pass == 0 ? Pass::forward : s.pass == 1 ? Pass::backward : Pass::loss_and_grad;
+  BenchProblem bp(s.n, s.h, s.v, s.dtype, s.options);
+  Problem p = bp.problem(pass);
+  if (pass == Pass::backward) {  // backward reads the lse a forward wrote
+    const Status fs = forward(bp.problem(Pass::forward), s.config);
     if (!fs.ok()) throw Failure{fs.error};
   }
   size_t workspace = 0;
-  const Pass pass = s.pass == 0 ? Pass::forward : s.pass == 1 ? Pass::backward : Pass::loss_and_grad;
   Status st = workspace_size(p, pass, s.config, &workspace);
   if (!st.ok()) throw Failure{st.error};
   const long rss_before = peak_rss_bytes();
@@ -191,27 +133,24 @@ int run_bench(const Args& args) {
   });
   const long peak_extra = std::max(0L, peak_rss_bytes() - rss_before);
 
-  const cpu::GemmEngine* engine = !s.config.gemm.empty() ? cpu::find_gemm_engine(s.config.gemm)
-                                                         : cpu::default_gemm_engine(s.dtype);
-  if (engine == nullptr) engine = cpu::default_gemm_engine(Dtype::f32);
-  const Dtype gemm_dtype = engine->supports(s.dtype) ? s.dtype : Dtype::f32;
-  const Timing g = gemm_dtype == s.dtype
-                       ? time_gemm(*engine, gemm_dtype, x, w, N, H, V, s.threads, s.reps)
-                       : Timing{};
-  const double gemms = s.pass == 0 ? 1 : 3;
-  const double flops = 2.0 * double(N) * double(H) * double(V) * gemms;
+  const cpu::GemmEngine* engine = bench_engine(s.dtype, s.config.gemm);
+  const bool native = engine->supports(s.dtype);
+  const Timing g = native ? time_reps(s.reps, [&] { logits_gemm_seconds(*engine, bp, s.threads); })
+                          : Timing{};
+  const double gemms = pass == Pass::forward ? 1 : 3;
+  const double flops = 2.0 * double(s.n) * double(s.h) * double(s.v) * gemms;
   std::printf(
       "{\"n\": %lld, \"h\": %lld, \"v\": %lld, \"dtype\": \"%s\", \"pass\": \"%s\", "
       "\"softcap\": %g, \"grad_logits\": \"%s\", \"seconds\": %.6g, \"min_seconds\": %.6g, "
       "\"tokens_per_s\": %.6g, \"gflops\": %.6g, \"gemm_seconds\": %.6g, \"ratio_to_gemm\": %.4g, "
       "\"peak_extra_bytes\": %ld, \"workspace_bytes\": %zu, \"backend\": \"%s\", \"gemm\": \"%s\", "
       "\"isa\": \"%s\", \"threads\": %d}\n",
-      (long long)N, (long long)H, (long long)V, dtype_name(s.dtype),
+      (long long)s.n, (long long)s.h, (long long)s.v, dtype_name(s.dtype),
       s.pass == 0 ? "fwd" : s.pass == 1 ? "bwd" : "step", s.options.softcap,
       s.options.grad_logits_dtype == GradLogitsDtype::f32 ? "f32" : "storage", t.median, t.min,
-      double(N) / t.median, flops / t.median * 1e-9, g.median * gemms,
-      g.median > 0 ? t.median / (g.median * gemms) : 0.0, peak_extra, workspace,
-      st.backend.c_str(), engine->name(), simd::best_kernels().isa, s.threads);
+      double(s.n) / t.median, flops / t.median * 1e-9, g.median * gemms,
+      native ? t.median / (g.median * gemms) : 0.0, peak_extra, workspace, st.backend.c_str(),
+      engine->name(), simd::best_kernels().isa, s.threads);
   return 0;
 }
 
