@@ -1,0 +1,124 @@
+// Throughput of the cpu backend at the LM-head shapes people train, with the
+// GEMM of each shape timed in the same run:
+//   S1 GPT-2 head        N = 4096, H = 768,  V = 50257
+//   S2 Llama-3-8B head   N = 1024, H = 4096, V = 128256
+//   S3 small hidden      N = 8192, H = 128,  V = 32768
+//   S4 Gemma-2-2B head   N = 1024, H = 2304, V = 256000, softcap 30
+// Benchmarks are named flce/<shape>/<dtype>/<pass>/threads:<T> and
+// gemm/<shape>/<dtype>/threads:<T>. Counters: items_per_second (tokens/s),
+// FLOPS (2NHV for fwd, 6NHV for bwd and step), peak_extra_bytes (the
+// backend's workspace) and ratio_to_gemm (seconds per pass over the GEMMs
+// it cannot avoid, timed just before in the same process). bf16 runs cast
+// dlogits to bf16 (grad_logits_dtype = storage), as GPU kernels do.
+//   build/bench/flce_benchmarks --benchmark_filter='S1/f32' --benchmark_format=json
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "cli/bench_problem.h"
+
+namespace {
+
+using flce::Dtype;
+using flce::Pass;
+
+struct Shape {
+  const char* name;
+  int64_t n, h, v;
+  double softcap;
+};
+constexpr Shape kShapes[] = {{"S1", 4096, 768, 50257, 0},
+                             {"S2", 1024, 4096, 128256, 0},
+                             {"S3", 8192, 128, 32768, 0},
+                             {"S4", 1024, 2304, 256000, 30}};
+
+// One problem alive at a time: the big shapes take gigabytes.
+flce::cli::BenchProblem& problem_for(const Shape& s, Dtype dtype) {
+  static std::unique_ptr<flce::cli::BenchProblem> current;
+  static std::string key;
+  const std::string want = std::string(s.name) + flce::dtype_name(dtype);
+  if (!current || key != want) {
+    current.reset();
+    flce::Options o;
+    o.softcap = s.softcap;
+    if (dtype == Dtype::bf16) o.grad_logits_dtype = flce::GradLogitsDtype::storage;
+    current = std::make_unique<flce::cli::BenchProblem>(s.n, s.h, s.v, dtype, o);
+    key = want;
+  }
+  return *current;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void run_pass(benchmark::State& state, const Shape& shape, Dtype dtype, Pass pass) {
+  flce::cli::BenchProblem& bp = problem_for(shape, dtype);
+  const int threads = int(state.range(0));
+  flce::RunConfig config;
+  config.threads = threads;
+  flce::Problem p = bp.problem(pass);
+  if (pass == Pass::backward) flce::forward(bp.problem(Pass::forward), config);
+  const flce::cli::BenchProblem& cbp = bp;
+  const double gemm = flce::cli::logits_gemm_seconds(
+      *flce::cli::bench_engine(dtype, ""), cbp, threads);  // warm-up
+  const double gemm_seconds =
+      std::min(gemm, flce::cli::logits_gemm_seconds(*flce::cli::bench_engine(dtype, ""), cbp, threads));
+  double total = 0;
+  flce::Status status;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    status = pass == Pass::forward    ? flce::forward(p, config)
+             : pass == Pass::backward ? flce::backward(p, config)
+                                      : flce::loss_and_grad(p, config);
+    total += seconds_since(t0);
+    if (!status.ok()) {
+      state.SkipWithError(status.error.c_str());
+      return;
+    }
+  }
+  const double gemms = pass == Pass::forward ? 1 : 3;
+  const double flops = 2.0 * double(shape.n) * double(shape.h) * double(shape.v) * gemms;
+  size_t workspace = 0;
+  flce::workspace_size(p, pass, config, &workspace);
+  state.SetItemsProcessed(int64_t(state.iterations()) * shape.n);
+  state.counters["FLOPS"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["peak_extra_bytes"] = double(workspace);
+  state.counters["ratio_to_gemm"] = total / double(state.iterations()) / (gemm_seconds * gemms);
+  state.SetLabel(status.backend);
+}
+
+void run_gemm(benchmark::State& state, const Shape& shape, Dtype dtype) {
+  const flce::cli::BenchProblem& bp = problem_for(shape, dtype);
+  const flce::cpu::GemmEngine& engine = *flce::cli::bench_engine(dtype, "");
+  for (auto _ : state) flce::cli::logits_gemm_seconds(engine, bp, int(state.range(0)));
+  state.SetItemsProcessed(int64_t(state.iterations()) * shape.n);
+  state.counters["FLOPS"] = benchmark::Counter(2.0 * shape.n * shape.h * shape.v,
+                                               benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(engine.name());
+}
+
+// Registered in shape order so each shape's problem is built once.
+int register_all() {
+  for (const Shape& s : kShapes)
+    for (Dtype dtype : {Dtype::f32, Dtype::bf16}) {
+      const std::string tag = std::string(s.name) + "/" + flce::dtype_name(dtype);
+      benchmark::RegisterBenchmark(("gemm/" + tag).c_str(), run_gemm, s, dtype)
+          ->Arg(1)->Arg(2)->ArgName("threads")->Unit(benchmark::kMillisecond)->UseRealTime()
+          ->Iterations(3);
+      for (Pass pass : {Pass::forward, Pass::backward, Pass::loss_and_grad}) {
+        const char* name = pass == Pass::forward ? "fwd" : pass == Pass::backward ? "bwd" : "step";
+        benchmark::RegisterBenchmark(("flce/" + tag + "/" + name).c_str(), run_pass, s, dtype, pass)
+            ->Arg(1)->Arg(2)->ArgName("threads")->Unit(benchmark::kMillisecond)->UseRealTime()
+            ->Iterations(3);
+      }
+    }
+  return 0;
+}
+const int registered = register_all();
+
+}  // namespace
+
+BENCHMARK_MAIN();
