@@ -20,7 +20,8 @@ constexpr int64_t kScoreBudgetBytes = int64_t(32) << 20;
 constexpr int64_t kMaxRowBlock = 256;
 constexpr int64_t kVocabTile = 512;    // columns per tile: a GEMM's n, a kernel call's length
 constexpr int64_t kHiddenChunk = 256;  // columns of grad_x per task
-constexpr int64_t kGradXRows = 16;     // rows of grad_x per task
+constexpr int64_t kGradXRows = 16;     // fewest rows of grad_x per task
+constexpr int64_t kGradXTasks = 16;    // grad_x tasks to aim for per row block
 
 struct Plan {
   Dims d;

@@ -270,11 +270,15 @@ void grad_hidden_task(const Context& c, int64_t r0, int64_t m, int64_t h0, int64
 void grad_hidden(const Context& c, int64_t i0, int64_t rows) {
   const Plan& plan = c.plan;
   const int64_t H = plan.d.h;
-  // Tasks: groups of kGradXRows rows by chunks of kHiddenChunk columns.
-  const int64_t row_groups = (rows + kGradXRows - 1) / kGradXRows;
+  // Tasks: row groups by chunks of kHiddenChunk columns, about kGradXTasks
+  // of them. Each task reads all of W's chunk, so rows are split only as far
+  // as needed for parallelism; the split depends on the problem alone.
+  const int64_t split = std::max<int64_t>(1, kGradXTasks / plan.h_chunks);
+  const int64_t group = std::max(kGradXRows, (rows + split - 1) / split);
+  const int64_t row_groups = (rows + group - 1) / group;
 #pragma omp parallel for num_threads(plan.threads) schedule(static)
   for (int64_t task = 0; task < row_groups * plan.h_chunks; ++task) {
-    const int64_t r0 = (task / plan.h_chunks) * kGradXRows, m = std::min(kGradXRows, rows - r0);
+    const int64_t r0 = (task / plan.h_chunks) * group, m = std::min(group, rows - r0);
     const int64_t h0 = (task % plan.h_chunks) * kHiddenChunk, width = std::min(kHiddenChunk, H - h0);
     grad_hidden_task(c, r0, m, h0, width);
   }
