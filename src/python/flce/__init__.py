@@ -1,0 +1,284 @@
+"""flce: fused linear cross-entropy from Python.
+
+    import flce
+    r = flce.forward(x, W, y, outputs=("loss", "lse", "entropy"))
+    g = flce.backward(x, W, y, r.lse)                  # r.grad_x, r.grad_w
+    r = flce.loss_and_grad(x, W, y, label_smoothing=0.1)
+    r = flce.loss_and_grad(logits=z, labels=y, inplace=True)   # grad into z
+
+Arrays are numpy arrays or torch tensors; outputs are of the same kind as
+the inputs (x, or logits) and on the same device. Nothing is copied when flce
+can read an array as it is (any element strides >= 1). numpy has no
+bfloat16, so numpy.uint16 arrays are read as bfloat16 bit patterns
+(flce.float32_to_bf16_bits / flce.bf16_bits_to_float32 convert); numpy
+float16 is IEEE half. The semantics of every number are the README's.
+
+Errors: ValueError for bad values, shapes and options (the C++ library's
+message, verbatim), TypeError for arguments that are not arrays of a
+supported dtype. The GIL is released while flce computes.
+"""
+
+import inspect
+import numbers
+
+from . import _arrays
+from ._arrays import bf16_bits_to_float32, float32_to_bf16_bits
+from ._flce import backends as _backends
+from ._flce import run as _run
+from ._flce import version as _version
+from ._flce import workspace_size as _workspace_size
+
+__all__ = [
+    "forward", "backward", "loss_and_grad", "workspace_size", "backends", "version",
+    "Result", "FORWARD_OUTPUTS", "GRADIENTS", "bf16_bits_to_float32", "float32_to_bf16_bits",
+]
+
+FORWARD_OUTPUTS = ("loss", "lse", "logprob", "argmax", "entropy", "zloss")
+GRADIENTS = ("grad_x", "grad_w", "grad_bias", "grad_logits")
+
+
+class Result:
+    """What a call wrote: each output (None where not computed) and `backend`,
+    the name of the backend that ran. `r["lse"]` works as well as `r.lse`."""
+
+    __slots__ = FORWARD_OUTPUTS + GRADIENTS + ("backend",)
+
+    def __init__(self, backend, arrays):
+        self.backend = backend
+        for name in FORWARD_OUTPUTS + GRADIENTS:
+            setattr(self, name, arrays.get(name))
+
+    def __getitem__(self, name):
+        return getattr(self, name)
+
+    def as_dict(self):
+        """The computed outputs by name (absent ones left out)."""
+        return {n: getattr(self, n) for n in FORWARD_OUTPUTS + GRADIENTS
+                if getattr(self, n) is not None}
+
+    def __repr__(self):
+        names = ", ".join(self.as_dict())
+        return f"flce.Result(backend={self.backend!r}, outputs=[{names}])"
+
+
+def backends():
+    """[(name, description)] in the order flce tries them."""
+    return list(_backends())
+
+
+def version():
+    return _version()
+
+
+_FLOAT_NAMES = {"float32": "f32", "f32": "f32", "float64": "f64", "f64": "f64"}
+
+
+def _float_dtype(spec, what, input_dtype=None):
+    """'float32'/'float64' (or numpy/torch float32/float64, or 'input')."""
+    if spec == "input" and input_dtype is not None:
+        return input_dtype
+    if isinstance(spec, str):
+        key = spec
+    elif str(spec).startswith("torch."):
+        key = str(spec)[len("torch."):]
+    else:
+        try:
+            key = _arrays.np.dtype(spec).name
+        except TypeError:
+            key = None
+    if key in _FLOAT_NAMES:
+        return _FLOAT_NAMES[key]
+    allowed = "'float32' or 'float64'" + (" or 'input'" if input_dtype else "")
+    raise ValueError(f"{what}: {spec!r} is not {allowed}")
+
+
+def _dims(tensors, w_layout):
+    """(N, H, V) from the inputs, or None when they are missing or malformed
+    (the library then reports what is wrong with them)."""
+    try:
+        if tensors.get("logits") is not None:
+            n, v = tensors["logits"][2]
+            return n, 0, v
+        n, h = tensors["x"][2]
+        w = tensors["w"][2]
+        return n, h, (w[0] if w_layout != "hv" else w[1])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _gradient_names(grads, logits_entry, has_bias):
+    if grads is None:
+        if logits_entry:
+            return ["grad_logits"]
+        return ["grad_x", "grad_w"] + (["grad_bias"] if has_bias else [])
+    if isinstance(grads, str):
+        grads = (grads,)
+    out = []
+    for g in grads:
+        name = g if str(g).startswith("grad_") else f"grad_{g}"
+        if name not in GRADIENTS:
+            raise ValueError(f"grads: {g!r} is not one of x, w, bias, logits")
+        out.append(name)
+    return out
+
+
+_OPTION_NAMES = ("logit_scale", "softcap", "ignore_index", "label_smoothing", "z_loss",
+                 "reduction", "w_layout", "grad_logits_dtype")
+_INPUT_NAMES = ("x", "w", "bias", "logits", "labels", "token_weights", "class_weights",
+                "grad_loss", "grad_lse", "grad_entropy", "lse")
+
+
+def _plain(value):
+    """numpy/Python numbers as Python int/float (the binding takes those only;
+    anything else goes through and gets its TypeError there)."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def _call(pass_, args, measure=False):
+    """One pass of the library on the arguments of the public call `args`
+    (its locals()). measure=True asks for the workspace size instead."""
+    options = {k: _plain(args[k]) for k in _OPTION_NAMES}
+    logits, x, bias = args["logits"], args["x"], args["bias"]
+    inputs = {k: args.get(k) for k in _INPUT_NAMES}
+    if pass_ != "backward":
+        inputs["lse"] = None  # an output there
+    grad_loss = inputs["grad_loss"]
+    if isinstance(grad_loss, (int, float)) and not isinstance(grad_loss, bool):
+        inputs["grad_loss"] = _arrays.np.array(float(grad_loss))
+
+    keep = []  # owners (inputs, copies, outputs) alive until the call returns
+    tensors = {}
+    for name, obj in inputs.items():
+        if obj is not None:
+            tensors[name], owner = _arrays.describe(name, obj)
+            keep.append(owner)
+
+    ref = logits if logits is not None else x
+    dims = _dims(tensors, options["w_layout"])
+    in_dtype = tensors["logits" if logits is not None else "x"][1] if ref is not None else None
+    out_dt = _float_dtype(args.get("out_dtype", "float32"), "out_dtype")
+    grad_dtype = args.get("grad_dtype")
+    grad_dt = out_dt if grad_dtype is None else _float_dtype(grad_dtype, "grad_dtype",
+                                                             in_dtype or "f32")
+    argmax_dtype = args.get("argmax_dtype", "int64")
+    if argmax_dtype not in ("int64", "int32"):
+        raise ValueError(f"argmax_dtype: {argmax_dtype!r} is not 'int64' or 'int32'")
+
+    wanted = []
+    if pass_ != "backward":
+        outputs = args["outputs"]
+        if isinstance(outputs, str):
+            outputs = FORWARD_OUTPUTS if outputs == "all" else (outputs,)
+        for o in outputs:
+            if o not in FORWARD_OUTPUTS:
+                raise ValueError(f"outputs: {o!r} is not one of {', '.join(FORWARD_OUTPUTS)}")
+        wanted += ["loss", "lse"] + [o for o in FORWARD_OUTPUTS[2:] if o in outputs]
+    if pass_ != "forward":
+        wanted += _gradient_names(args["grads"], logits is not None, bias is not None)
+
+    given = dict(args.get("out") or {})
+    for name in given:
+        if name not in FORWARD_OUTPUTS + GRADIENTS:
+            raise ValueError(f"out: {name!r} is not an output of flce")
+    if args.get("inplace"):
+        if logits is None:
+            raise ValueError("inplace: only the logits-level entry (logits=...) has an "
+                             "in-place gradient")
+        given["grad_logits"] = logits  # the same view: written over the input
+        if "grad_logits" not in wanted:
+            wanted.append("grad_logits")
+
+    results = {}
+    for name in wanted + [n for n in given if n not in wanted]:
+        if name in given:
+            owner = given[name]
+        elif dims is None or ref is None:
+            continue  # the inputs are wrong; the library says how
+        else:
+            n, h, v = dims
+            shape, dtype = {
+                "loss": ((n,) if options["reduction"] == "none" else (), out_dt),
+                "lse": ((n,), out_dt), "logprob": ((n,), out_dt), "entropy": ((n,), out_dt),
+                "zloss": ((n,), out_dt),
+                "argmax": ((n,), "i64" if argmax_dtype == "int64" else "i32"),
+                "grad_x": ((n, h), grad_dt),
+                "grad_w": (tuple(tensors["w"][2]) if "w" in tensors else (v, h), grad_dt),
+                "grad_bias": ((v,), grad_dt), "grad_logits": ((n, v), grad_dt),
+            }[name]
+            owner = _arrays.empty_like_kind(ref, shape, dtype)
+        tensors[name], owner = _arrays.describe(name, owner, output=True)
+        keep.append(owner)
+        results[name] = owner
+
+    config = {"backend": args["backend"], "gemm": args["gemm"],
+              "threads": int(args["threads"] or 0)}
+    if measure:
+        error, ran, nbytes = _workspace_size(pass_, tensors, options, config)
+        if error:
+            raise ValueError(error)
+        return ran, nbytes
+    error, ran = _run(pass_, tensors, options, config)
+    del keep
+    if error:
+        raise ValueError(error)
+    return Result(ran, results)
+
+
+def forward(x=None, w=None, labels=None, *, logits=None, bias=None, token_weights=None,
+            class_weights=None, logit_scale=1.0, softcap=0.0, ignore_index=-100,
+            label_smoothing=0.0, z_loss=0.0, reduction="mean", w_layout="vh",
+            grad_logits_dtype="f32", outputs=("loss", "lse"), out_dtype="float32",
+            argmax_dtype="int64", out=None, backend=None, gemm=None, threads=0):
+    """The loss and per-row outputs. Give the head (x [N,H], w [V,H] or
+    [H,V] with w_layout='hv', optional bias [V]) or logits [N,V]; labels [N]
+    int32/int64. `outputs` names what to compute besides loss and lse (always
+    computed): any of 'logprob', 'argmax', 'entropy', 'zloss', or 'all'.
+    Outputs are float32 or float64 (out_dtype), argmax int64 or int32.
+    `out={'lse': arr, ...}` writes into caller arrays. backend/gemm/threads
+    choose how to run (None: the library's choice). Returns a Result."""
+    return _call("forward", locals())
+
+
+def backward(x=None, w=None, labels=None, lse=None, *, logits=None, bias=None,
+             token_weights=None, class_weights=None, grad_loss=None, grad_lse=None,
+             grad_entropy=None, logit_scale=1.0, softcap=0.0, ignore_index=-100,
+             label_smoothing=0.0, z_loss=0.0, reduction="mean", w_layout="vh",
+             grad_logits_dtype="f32", grads=None, grad_dtype="float32", inplace=False,
+             out=None, backend=None, gemm=None, threads=0):
+    """Gradients from the lse that forward() returned. Cotangents: grad_loss
+    (a number or 0-D array for sum/mean, [N] for none; default 1), grad_lse
+    and grad_entropy ([N]; default 0). `grads` picks among 'x', 'w', 'bias'
+    (default: all the problem has) or 'logits' (the logits entry); they are
+    float32, float64 or 'input' (x's or the logits' dtype). inplace=True
+    writes grad_logits over the logits. Returns a Result."""
+    return _call("backward", locals())
+
+
+def loss_and_grad(x=None, w=None, labels=None, *, logits=None, bias=None, token_weights=None,
+                  class_weights=None, grad_loss=None, grad_lse=None, grad_entropy=None,
+                  logit_scale=1.0, softcap=0.0, ignore_index=-100, label_smoothing=0.0,
+                  z_loss=0.0, reduction="mean", w_layout="vh", grad_logits_dtype="f32",
+                  outputs=("loss", "lse"), grads=None, out_dtype="float32", grad_dtype=None,
+                  argmax_dtype="int64", inplace=False, out=None, backend=None, gemm=None,
+                  threads=0):
+    """forward() and backward() in one pass: a training step. Arguments as
+    there; grad_dtype defaults to out_dtype. Returns a Result."""
+    return _call("loss_and_grad", locals())
+
+
+_PASSES = {"forward": forward, "backward": backward, "loss_and_grad": loss_and_grad}
+
+
+def workspace_size(pass_, *args, **kwargs):
+    """(backend, bytes): the scratch that pass_ ('forward', 'backward',
+    'loss_and_grad') would allocate beyond its outputs, for the arguments
+    that call would take."""
+    if pass_ not in _PASSES:
+        raise ValueError(f"pass_: {pass_!r} is not one of {', '.join(_PASSES)}")
+    bound = inspect.signature(_PASSES[pass_]).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return _call(pass_, bound.arguments, measure=True)

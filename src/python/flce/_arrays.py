@@ -1,0 +1,164 @@
+"""numpy arrays and torch tensors as flce descriptors, and outputs like them.
+
+A descriptor is what flce._flce reads: (data pointer, dtype name, shape,
+strides in elements, device, device index). Describing an array never copies
+it when flce can read it as it is: flce takes any element strides >= 1, so
+only arrays it cannot address are copied (numpy byte strides that are not a
+multiple of the item size, negative or zero strides, misaligned or
+non-native-byte-order data; torch tensors with zero strides). Copies are
+returned to the caller, who keeps them alive for the duration of the call.
+
+torch is never imported here: a torch tensor can only reach us if the caller
+imported torch already, so sys.modules tells us whether to look for one.
+"""
+
+import sys
+
+import numpy as np
+
+# numpy has no bfloat16: uint16 arrays are read as bfloat16 bit patterns
+# (what torch's `t.view(torch.int16)` or ml_dtypes' `.view(np.uint16)` give).
+_NUMPY_DTYPES = {
+    np.dtype(np.float32): "f32",
+    np.dtype(np.float64): "f64",
+    np.dtype(np.float16): "f16",
+    np.dtype(np.uint16): "bf16",
+    np.dtype(np.int32): "i32",
+    np.dtype(np.int64): "i64",
+}
+_NUMPY_OF = {name: dt for dt, name in _NUMPY_DTYPES.items()}
+
+
+def _torch():
+    return sys.modules.get("torch")
+
+
+def is_torch(obj):
+    torch = _torch()
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
+def _torch_dtypes():
+    torch = _torch()
+    return {
+        torch.float32: "f32",
+        torch.float64: "f64",
+        torch.float16: "f16",
+        torch.bfloat16: "bf16",
+        torch.int32: "i32",
+        torch.int64: "i64",
+    }
+
+
+def type_name(obj):
+    t = type(obj)
+    return t.__name__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__name__}"
+
+
+def dtype_of(obj):
+    """The flce dtype name ('f32', 'bf16', ...) of an array, or None."""
+    if is_torch(obj):
+        return _torch_dtypes().get(obj.dtype)
+    if isinstance(obj, np.ndarray):
+        return _NUMPY_DTYPES.get(obj.dtype.newbyteorder("="))
+    return None
+
+
+def _numpy_descriptor(name, arr, output):
+    if arr.dtype.newbyteorder("=") not in _NUMPY_DTYPES:
+        raise TypeError(
+            f"{name}: numpy dtype {arr.dtype} is not supported (float32, float64, float16, "
+            f"uint16 as bfloat16 bits, int32, int64)")
+    item = arr.dtype.itemsize
+    sizes_ok = all(
+        n <= 1 or (s > 0 and s % item == 0) for n, s in zip(arr.shape, arr.strides))
+    readable = sizes_ok and arr.dtype.isnative and arr.flags.aligned
+    if not readable:
+        if output:
+            raise TypeError(
+                f"{name}: this output array cannot be written in place by flce (strides "
+                f"{arr.strides} bytes, dtype {arr.dtype}, aligned={arr.flags.aligned}); flce "
+                f"needs native byte order, alignment and positive strides that are multiples "
+                f"of the item size")
+        arr = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("="))
+    if output and not arr.flags.writeable:
+        raise ValueError(f"{name}: the output array is read-only")
+    # Size-1 (and size-0) dimensions are never stepped over; any stride will do.
+    strides = tuple(s // item if n > 1 else 1 for n, s in zip(arr.shape, arr.strides))
+    desc = (arr.__array_interface__["data"][0], _NUMPY_DTYPES[arr.dtype], tuple(arr.shape),
+            strides, "cpu", 0)
+    return desc, arr
+
+
+def _torch_descriptor(name, t, output):
+    dtypes = _torch_dtypes()
+    if t.dtype not in dtypes:
+        raise TypeError(
+            f"{name}: torch dtype {t.dtype} is not supported (float32, float64, float16, "
+            f"bfloat16, int32, int64)")
+    if t.layout != _torch().strided:
+        raise TypeError(f"{name}: torch layout {t.layout} is not supported (strided only)")
+    if t.device.type not in ("cpu", "cuda"):
+        raise TypeError(f"{name}: device {t.device} is not supported (cpu or cuda)")
+    if any(n > 1 and s < 1 for n, s in zip(t.shape, t.stride())):
+        if output:
+            raise ValueError(f"{name}: output strides {t.stride()} must be >= 1")
+        t = t.contiguous()
+    strides = tuple(s if n > 1 else 1 for n, s in zip(t.shape, t.stride()))
+    desc = (t.data_ptr(), dtypes[t.dtype], tuple(t.shape), strides, t.device.type,
+            t.device.index or 0)
+    return desc, t
+
+
+def describe(name, obj, output=False):
+    """(descriptor, owner): owner is obj itself or the copy described."""
+    if is_torch(obj):
+        return _torch_descriptor(name, obj, output)
+    if isinstance(obj, np.ndarray):
+        return _numpy_descriptor(name, obj, output)
+    raise TypeError(f"{name}: expected a numpy.ndarray or torch.Tensor, got {type_name(obj)}")
+
+
+def empty_like_kind(ref, shape, dtype):
+    """An uninitialized array of flce dtype `dtype`, of ref's kind and device."""
+    if is_torch(ref):
+        torch = _torch()
+        torch_dtype = {v: k for k, v in _torch_dtypes().items()}[dtype]
+        return torch.empty(shape, dtype=torch_dtype, device=ref.device)
+    return np.empty(shape, dtype=_NUMPY_OF[dtype])
+
+
+def numpy_dtype(dtype):
+    """The numpy dtype that holds flce dtype `dtype` (uint16 for bf16)."""
+    return _NUMPY_OF[dtype]
+
+
+def to_float64(obj):
+    """An array's values as a float64 numpy array (uint16 read as bfloat16)."""
+    if is_torch(obj):
+        t = obj.detach()
+        if t.dtype == _torch().bfloat16:
+            t = t.float()
+        return t.cpu().double().numpy()
+    arr = np.asarray(obj)
+    if arr.dtype == np.uint16:
+        return bf16_bits_to_float32(arr).astype(np.float64)
+    return arr.astype(np.float64)
+
+
+def bf16_bits_to_float32(bits):
+    """uint16 bfloat16 bit patterns -> float32 values (exact)."""
+    bits = np.asarray(bits, dtype=np.uint16)
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def float32_to_bf16_bits(values):
+    """float32 values -> uint16 bfloat16 bits, rounded to nearest even (as
+    torch's float32 -> bfloat16 conversion; NaN stays NaN)."""
+    f = np.ascontiguousarray(values, dtype=np.float32)
+    u = f.view(np.uint32).astype(np.uint64)
+    rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    out = rounded.astype(np.uint16)
+    nan = np.isnan(f)
+    out[nan] = ((u[nan] >> 16) | 0x40).astype(np.uint16)  # keep sign, force a quiet NaN
+    return out

@@ -1,0 +1,159 @@
+"""flce.torch: fused linear cross-entropy as a PyTorch loss.
+
+    loss_fn = flce.torch.LinearCrossEntropyLoss(label_smoothing=0.1)
+    loss = loss_fn(hidden, model.lm_head.weight, targets)   # no [N, V] logits
+    loss.backward()
+
+A drop-in for F.cross_entropy(F.linear(x, W, b), y, weight=..., ignore_index=
+..., reduction=..., label_smoothing=...), plus flce's z-loss, softcap, logit
+scale and token weights. x is [..., H] and y [...] (flattened to rows);
+reduction='none' returns y's shape. Forward saves only the lse (and the
+inputs); backward recomputes the logits tile by tile through flce.backward.
+
+Dtypes: float32, bfloat16 and float16 parameters run on flce's cpu backend
+(float32 accumulation) and get gradients in their own dtype; the loss, lse
+and entropy are float32 (more precise than a bf16 loss; cast if you need
+to). float64 runs on the `reference` backend, which the library picks by
+itself because the cpu backend declines float64 storage; that is what
+torch.autograd.gradcheck exercises. Differences from PyTorch: a mean over
+rows that are all ignored is 0 (PyTorch: NaN), and no double backward.
+Works with PyTorch 1.13.
+"""
+
+import torch
+from torch.autograd.function import once_differentiable
+
+import flce
+
+__all__ = ["LinearCrossEntropyLoss", "linear_cross_entropy", "LinearCrossEntropyFunction"]
+
+
+class _Config:
+    """The non-tensor arguments of one call (options and how to run)."""
+
+    __slots__ = ("options", "run", "want_entropy")
+
+    def __init__(self, options, run, want_entropy):
+        self.options, self.run, self.want_entropy = options, run, want_entropy
+
+
+class LinearCrossEntropyFunction(torch.autograd.Function):
+    """apply(x [N,H], w, bias or None, labels [N], token_weights or None,
+    class_weights or None, config) -> (loss, lse[, entropy]). Use
+    linear_cross_entropy() rather than this directly."""
+
+    @staticmethod
+    def forward(ctx, x, w, bias, labels, token_weights, class_weights, config):
+        ctx.set_materialize_grads(False)  # unused outputs: None, not zeros
+        outputs = ("loss", "lse", "entropy") if config.want_entropy else ("loss", "lse")
+        out_dtype = "float64" if x.dtype == torch.float64 else "float32"
+        r = flce.forward(x, w, labels, bias=bias, token_weights=token_weights,
+                         class_weights=class_weights, outputs=outputs, out_dtype=out_dtype,
+                         **config.options, **config.run)
+        ctx.save_for_backward(x, w, bias, labels, token_weights, class_weights, r.lse)
+        ctx.config = config
+        ctx.loss_shape = tuple(r.loss.shape)
+        return (r.loss, r.lse, r.entropy) if config.want_entropy else (r.loss, r.lse)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_loss, grad_lse, grad_entropy=None):
+        x, w, bias, labels, token_weights, class_weights, lse = ctx.saved_tensors
+        params = {"x": x, "w": w, "bias": bias}
+        wanted = [name for name, need in zip(params, ctx.needs_input_grad[:3])
+                  if need and params[name] is not None]
+        nothing = (None,) * 7
+        if not wanted or (grad_loss is None and grad_lse is None and grad_entropy is None):
+            return nothing
+        if grad_loss is None:  # flce reads an absent grad_loss as ones
+            grad_loss = torch.zeros(ctx.loss_shape, dtype=lse.dtype)
+        r = flce.backward(x, w, labels, lse, bias=bias, token_weights=token_weights,
+                          class_weights=class_weights, grad_loss=grad_loss, grad_lse=grad_lse,
+                          grad_entropy=grad_entropy, grads=wanted, grad_dtype="input",
+                          **ctx.config.options, **ctx.config.run)
+        out = []
+        for name in params:
+            g = getattr(r, "grad_" + name) if name in wanted else None
+            if g is not None and g.dtype != params[name].dtype:
+                g = g.to(params[name].dtype)  # e.g. x in float32, W in bfloat16
+            out.append(g)
+        return tuple(out) + (None,) * 4
+
+
+def _tensor(name, value):
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
+def linear_cross_entropy(x, W, y, bias=None, *, class_weights=None, token_weights=None,
+                         ignore_index=-100, label_smoothing=0.0, z_loss=0.0, softcap=0.0,
+                         logit_scale=1.0, reduction="mean", w_layout="vh",
+                         grad_logits_dtype="f32", backend=None, gemm=None, threads=0,
+                         return_lse=False, return_entropy=False):
+    """The loss of F.cross_entropy(F.linear(x, W, bias), y, ...) without the
+    logits. x [..., H]; W [V, H] (w_layout='vh', nn.Linear's weight) or
+    [H, V] ('hv'); y [...] int64/int32; class_weights [V] (F.cross_entropy's
+    `weight`); token_weights [...] like y. Returns the loss, or a tuple
+    (loss, lse[, entropy]) / (loss, entropy) with return_lse/return_entropy:
+    per-row lse and entropy shaped like y, differentiable (their gradients
+    flow into flce's grad_lse and grad_entropy)."""
+    x, W, y = _tensor("x", x), _tensor("W", W), _tensor("y", y)
+    if x.dim() < 1:
+        raise ValueError(f"x: expected [..., H], got a {x.dim()}-D tensor")
+    rows = tuple(x.shape[:-1])
+    if tuple(y.shape) != rows:
+        raise ValueError(f"y: shape {tuple(y.shape)} does not match x's leading dimensions "
+                         f"{rows} (x is {tuple(x.shape)})")
+    x2 = x.reshape(-1, x.shape[-1]).contiguous()
+    y1 = y.reshape(-1).contiguous()
+    tw = None if token_weights is None else _tensor("token_weights", token_weights).reshape(-1)
+    options = dict(ignore_index=int(ignore_index), label_smoothing=float(label_smoothing),
+                   z_loss=float(z_loss), softcap=float(softcap), logit_scale=float(logit_scale),
+                   reduction=reduction, w_layout=w_layout, grad_logits_dtype=grad_logits_dtype)
+    run = dict(backend=backend, gemm=gemm, threads=threads)
+    config = _Config(options, run, bool(return_entropy))
+    out = LinearCrossEntropyFunction.apply(
+        x2, W.contiguous(), None if bias is None else bias.contiguous(), y1,
+        None if tw is None else tw.contiguous(),
+        None if class_weights is None else class_weights.contiguous(), config)
+    loss, lse = out[0], out[1]
+    if reduction == "none":
+        loss = loss.reshape(rows)
+    extras = ([lse.reshape(rows)] if return_lse else []) + \
+        ([out[2].reshape(rows)] if return_entropy else [])
+    return (loss, *extras) if extras else loss
+
+
+class LinearCrossEntropyLoss(torch.nn.Module):
+    """nn.Module form of linear_cross_entropy: loss_fn(x, W, y, bias=None,
+    token_weights=None). `class_weights` is F.cross_entropy's `weight`
+    (kept as a buffer); the rest are linear_cross_entropy's options."""
+
+    def __init__(self, ignore_index=-100, label_smoothing=0.0, z_loss=0.0, softcap=0.0,
+                 logit_scale=1.0, reduction="mean", w_layout="vh", backend=None,
+                 class_weights=None, gemm=None, threads=0, grad_logits_dtype="f32",
+                 return_lse=False, return_entropy=False):
+        super().__init__()
+        self.ignore_index, self.label_smoothing, self.z_loss = ignore_index, label_smoothing, z_loss
+        self.softcap, self.logit_scale, self.reduction = softcap, logit_scale, reduction
+        self.w_layout, self.backend, self.gemm, self.threads = w_layout, backend, gemm, threads
+        self.grad_logits_dtype = grad_logits_dtype
+        self.return_lse, self.return_entropy = return_lse, return_entropy
+        self.register_buffer("class_weights", class_weights)
+
+    def forward(self, x, W, y, bias=None, token_weights=None):
+        return linear_cross_entropy(
+            x, W, y, bias, class_weights=self.class_weights, token_weights=token_weights,
+            ignore_index=self.ignore_index, label_smoothing=self.label_smoothing,
+            z_loss=self.z_loss, softcap=self.softcap, logit_scale=self.logit_scale,
+            reduction=self.reduction, w_layout=self.w_layout,
+            grad_logits_dtype=self.grad_logits_dtype, backend=self.backend, gemm=self.gemm,
+            threads=self.threads, return_lse=self.return_lse,
+            return_entropy=self.return_entropy)
+
+    def extra_repr(self):
+        return (f"ignore_index={self.ignore_index}, label_smoothing={self.label_smoothing}, "
+                f"z_loss={self.z_loss}, softcap={self.softcap}, logit_scale={self.logit_scale}, "
+                f"reduction={self.reduction!r}, w_layout={self.w_layout!r}, "
+                f"backend={self.backend!r}")

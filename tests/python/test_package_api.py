@@ -1,0 +1,348 @@
+"""flce's Python API (flce.forward / backward / loss_and_grad) against the
+independent float64 PyTorch reference, for every option, both entries
+(head and logits), numpy and torch inputs, and float64, float32, bfloat16.
+
+Tolerances: float64 runs on the `reference` backend and must agree with the
+PyTorch reference within 1e-10 norm-wise (as tests/python/test_run_vs_torch
+does). float32 and bfloat16 storage run on the `cpu` backend and are judged
+by flce.testing.assert_close (the tolerance policy, C = 1) and, against the
+PyTorch reference, within 1e-4 norm-wise: both storages are computed with
+float32 accumulation from the exact stored values, so the documented cpu
+bound of tests/python/test_cpu_vs_torch.py (2e-4 for float32) applies.
+"""
+
+import pytest
+
+from test_package_reference import as_numpy, import_flce, norm_close, np, reference, torch
+
+flce = import_flce()
+testing = flce.testing
+
+N, H, V = 7, 5, 11
+ROWS_OUT = ("lse", "logprob", "entropy", "zloss")
+
+# name -> (options, extras): extras add bias, weights, cotangents, ignored rows.
+CASES = {
+    "defaults": ({}, {}),
+    "logit_scale": ({"logit_scale": 2.3}, {}),
+    "softcap": ({"softcap": 1.5}, {}),
+    "label_smoothing": ({"label_smoothing": 0.2}, {}),
+    "z_loss": ({"z_loss": 0.01}, {}),
+    "ignore_index": ({"ignore_index": 3}, {"ignore": 3}),
+    "ignored_default": ({}, {"ignore": -100}),
+    "reduction_none": ({"reduction": "none"}, {"ignore": -100}),
+    "reduction_sum": ({"reduction": "sum"}, {}),
+    "w_layout_hv": ({"w_layout": "hv"}, {"bias": True}),
+    "bias": ({}, {"bias": True}),
+    "weights": ({}, {"token_weights": True, "class_weights": True, "ignore": -100}),
+    "cotangents": ({"reduction": "sum"}, {"grad_loss": True, "grad_lse": True,
+                                           "grad_entropy": True}),
+    "everything": ({"logit_scale": 0.7, "softcap": 3.0, "label_smoothing": 0.1, "z_loss": 1e-3,
+                    "ignore_index": -1, "reduction": "none", "w_layout": "hv"},
+                   {"bias": True, "ignore": -1, "token_weights": True, "class_weights": True,
+                    "grad_loss": True, "grad_lse": True, "grad_entropy": True}),
+}
+
+
+def _store(a, dtype, like):
+    """float64 numpy -> storage dtype; numpy bf16 as uint16 bits (rounded by torch)."""
+    t = torch.from_numpy(np.ascontiguousarray(a)).to(getattr(torch, dtype))
+    if like == "torch":
+        return t
+    if dtype == "bfloat16":
+        return t.view(torch.int16).numpy().view(np.uint16)
+    return t.numpy()
+
+
+def make_case(name, dtype, like, entry, seed=0):
+    opts, extra = CASES[name]
+    rng = np.random.default_rng(seed)
+    inputs = {}
+    layout = opts.get("w_layout", "vh")
+    x, w = rng.standard_normal((N, H)), rng.standard_normal((V, H)) / np.sqrt(H)
+    b = 0.3 * rng.standard_normal(V)
+    if entry == "logits":
+        z = x @ w.T + (b if extra.get("bias") else 0.0)
+        inputs["logits"] = _store(z, dtype, like)
+        opts = {k: v for k, v in opts.items() if k != "w_layout"}
+    else:
+        inputs["x"] = _store(x, dtype, like)
+        inputs["w"] = _store(w if layout == "vh" else np.ascontiguousarray(w.T), dtype, like)
+        if extra.get("bias"):
+            inputs["bias"] = _store(b, dtype, like)
+    labels = rng.integers(0, V, N)
+    if "ignore" in extra:
+        labels[[0, 4]] = extra["ignore"]
+    conv = (lambda a: torch.from_numpy(a)) if like == "torch" else (lambda a: a)
+    inputs["labels"] = conv(labels.astype(np.int64))
+    if extra.get("token_weights"):
+        inputs["token_weights"] = conv(rng.uniform(0.2, 2.0, N))
+    if extra.get("class_weights"):
+        inputs["class_weights"] = conv(rng.uniform(0.2, 2.0, V).astype(np.float32))
+    scalar = opts.get("reduction", "mean") != "none"
+    if extra.get("grad_loss"):
+        inputs["grad_loss"] = conv(np.array(1.7) if scalar else rng.standard_normal(N))
+    if extra.get("grad_lse"):
+        inputs["grad_lse"] = conv(rng.standard_normal(N))
+    if extra.get("grad_entropy"):
+        inputs["grad_entropy"] = conv(rng.standard_normal(N).astype(np.float32))
+    return inputs, opts
+
+
+def _check(result, ref, names, dtype, inputs, opts, saved_lse=None):
+    if dtype == "float64":
+        for name in names:
+            if name == "argmax":
+                assert np.array_equal(as_numpy(result.argmax), ref["argmax"])
+            else:
+                norm_close(name, result[name], ref[name], 1e-10)
+        return
+    testing.assert_close({n: result[n] for n in names}, **inputs, **opts,
+                         accumulate="float32", saved_lse=saved_lse)
+    for name in names:
+        if name != "argmax":
+            norm_close(name, result[name], ref[name], 1e-4)
+
+
+@pytest.mark.parametrize("entry", ["head", "logits"])
+@pytest.mark.parametrize("like", ["numpy", "torch"])
+@pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_loss_and_grad_matches_reference(case, dtype, like, entry):
+    inputs, opts = make_case(case, dtype, like, entry)
+    backend = "reference" if dtype == "float64" else "cpu"
+    out = "float64" if dtype == "float64" else "float32"
+    r = flce.loss_and_grad(**inputs, **opts, outputs="all", out_dtype=out, backend=backend)
+    assert r.backend == backend
+    kind = torch.Tensor if like == "torch" else np.ndarray
+    assert all(isinstance(v, kind) for v in r.as_dict().values())
+    ref = reference(**inputs, **opts)
+    grads = ["grad_logits"] if entry == "logits" else \
+        ["grad_x", "grad_w"] + (["grad_bias"] if "bias" in inputs else [])
+    _check(r, ref, ["loss", "argmax", *ROWS_OUT, *grads], dtype, inputs, opts)
+
+
+@pytest.mark.parametrize("entry", ["head", "logits"])
+@pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16"])
+@pytest.mark.parametrize("case", ["defaults", "everything", "cotangents", "weights"])
+def test_forward_then_backward_matches_reference(case, dtype, entry):
+    inputs, opts = make_case(case, dtype, "numpy", entry, seed=1)
+    out = "float64" if dtype == "float64" else "float32"
+    cot = {k: inputs.pop(k) for k in ("grad_loss", "grad_lse", "grad_entropy") if k in inputs}
+    f = flce.forward(**inputs, **opts, outputs=("argmax", "entropy"), out_dtype=out)
+    assert f.logprob is None and f.zloss is None and f.grad_x is None
+    b = flce.backward(**inputs, lse=f.lse, **opts, **cot, grad_dtype=out)
+    assert b.loss is None and b.lse is None
+    ref = reference(**inputs, **opts, **cot)
+    _check(f, ref, ["loss", "lse", "argmax", "entropy"], dtype, inputs, opts)
+    grads = [g for g in ("grad_x", "grad_w", "grad_bias", "grad_logits") if b[g] is not None]
+    assert grads
+    _check(b, ref, grads, dtype, {**inputs, **cot}, opts,
+           saved_lse=None if dtype == "float64" else "float32")
+
+
+def test_float16_storage_and_output_dtypes():
+    inputs, opts = make_case("everything", "float16", "numpy", "head")
+    r = flce.loss_and_grad(**inputs, **opts, outputs="all", grad_dtype="input",
+                           argmax_dtype="int32")
+    assert r.backend == "cpu"
+    assert r.loss.dtype == np.float32 and r.argmax.dtype == np.int32
+    assert r.grad_x.dtype == np.float16 and r.grad_w.dtype == np.float16
+    testing.assert_close(r, **inputs, **opts)
+    r64 = flce.loss_and_grad(**inputs, **opts, out_dtype="float64", grad_dtype=np.float64)
+    assert r64.lse.dtype == np.float64 and r64.grad_x.dtype == np.float64
+
+
+def test_numpy_uint16_is_bfloat16_bits():
+    x = np.array([[1.0, -2.5], [0.15625, 3.0]], dtype=np.float32)
+    w = np.array([[0.5, 1.0], [-1.0, 0.25], [2.0, -0.75]], dtype=np.float32)
+    y = np.array([2, 0])
+    bits = flce.float32_to_bf16_bits
+    r16 = flce.loss_and_grad(bits(x), bits(w), y, grad_dtype="input", out_dtype="float64",
+                             backend="reference")
+    r32 = flce.loss_and_grad(x, w, y, out_dtype="float64", backend="reference")
+    assert r16.grad_x.dtype == np.uint16  # bf16 bits out, like in
+    assert r16.loss == r32.loss  # these values are exact in bf16
+    assert np.array_equal(flce.bf16_bits_to_float32(r16.grad_x),
+                          torch.from_numpy(r32.grad_x).bfloat16().float().numpy())
+    # Rounding to nearest even, as torch does.
+    vals = np.array([1.00390625, 1.01171875, -3.3e38, np.inf, 1e-40], dtype=np.float32)
+    want = torch.from_numpy(vals).bfloat16().view(torch.int16).numpy().view(np.uint16)
+    assert np.array_equal(bits(vals), want)
+
+
+# --- zero copies, strides, in place --------------------------------------------
+
+def test_in_place_grad_logits_numpy_and_torch():
+    inputs, opts = make_case("everything", "float32", "numpy", "logits")
+    z = inputs.pop("logits")
+    want = flce.loss_and_grad(logits=z.copy(), **inputs, **opts).grad_logits
+    r = flce.loss_and_grad(logits=z, **inputs, **opts, inplace=True)
+    assert r.grad_logits is z
+    assert np.array_equal(z, want)  # written over the caller's array, same values
+    zt = torch.from_numpy(np.random.default_rng(2).standard_normal((N, V)).astype(np.float32))
+    yt = torch.from_numpy(inputs["labels"])
+    before = zt.data_ptr()
+    want_t = flce.loss_and_grad(logits=zt.clone(), labels=yt, **opts).grad_logits
+    r = flce.loss_and_grad(logits=zt, labels=yt, **opts, out={"grad_logits": zt})
+    assert r.grad_logits is zt and zt.data_ptr() == before
+    assert torch.equal(zt, want_t)
+
+
+def test_out_arrays_are_written_in_place():
+    inputs, opts = make_case("defaults", "float32", "numpy", "head")
+    lse = np.full(N, np.nan, dtype=np.float64)
+    gw = np.empty((2 * V, H), dtype=np.float32)[::2]  # strided output
+    r = flce.loss_and_grad(**inputs, out={"lse": lse, "grad_w": gw})
+    assert r.lse is lse and r.grad_w is gw and np.isfinite(lse).all()
+    ref = flce.loss_and_grad(**inputs)
+    assert np.array_equal(gw, ref.grad_w) and np.allclose(lse, ref.lse, rtol=1e-6)
+
+
+def test_strided_inputs_are_not_copied():
+    rng = np.random.default_rng(4)
+    big = rng.standard_normal((N, 3 * H))
+    x = big[:, ::3]  # element strides (3H, 3)
+    w_vh = rng.standard_normal((V, H))
+    w_hv = w_vh.T  # a transposed view: [H, V] with strides (1, H)
+    for name, arr in (("x", x), ("w", w_hv)):
+        desc, owner = flce._arrays.describe(name, arr)
+        assert owner is arr and desc[0] == arr.__array_interface__["data"][0]
+    assert flce._arrays.describe("x", x)[0][3] == (3 * H, 3)
+    y = rng.integers(0, V, N)
+    a = flce.loss_and_grad(x, w_hv, y, w_layout="hv", out_dtype="float64", backend="reference")
+    b = flce.loss_and_grad(np.ascontiguousarray(x), np.ascontiguousarray(w_hv), y,
+                           w_layout="hv", out_dtype="float64", backend="reference")
+    for k, v in b.as_dict().items():
+        assert np.array_equal(a[k], v), k
+    xt = torch.from_numpy(big)[:, ::3]
+    desc, owner = flce._arrays.describe("x", xt)
+    assert owner is xt and desc[3] == (3 * H, 3)
+
+
+def test_arrays_flce_cannot_address_are_copied_correctly():
+    rng = np.random.default_rng(5)
+    x64 = rng.standard_normal((N, H))
+    packed = np.zeros(N * H, dtype=[("tag", "i1"), ("v", "<f8")])  # 9-byte strides
+    packed["v"] = x64.ravel()
+    x_odd = packed["v"].reshape(N, H)
+    reversed_rows = x64[::-1].copy()[::-1]  # negative strides
+    big_endian = x64.astype(">f8")
+    w = rng.standard_normal((V, H))
+    y = rng.integers(0, V, N)
+    want = flce.loss_and_grad(x64, w, y, out_dtype="float64")
+    for x in (x_odd, reversed_rows, big_endian):
+        got = flce.loss_and_grad(x, w, y, out_dtype="float64")
+        assert np.array_equal(got.grad_x, want.grad_x) and got.loss == want.loss
+    xe = torch.from_numpy(x64[:1]).expand(N, H)  # stride 0
+    got = flce.loss_and_grad(xe, torch.from_numpy(w), torch.from_numpy(y), out_dtype="float64")
+    ref = flce.loss_and_grad(np.repeat(x64[:1], N, 0), w, y, out_dtype="float64")
+    assert np.array_equal(got.grad_x.numpy(), ref.grad_x)
+
+
+# --- errors ---------------------------------------------------------------------
+
+def _problem():
+    rng = np.random.default_rng(6)
+    return (rng.standard_normal((N, H)).astype(np.float32),
+            rng.standard_normal((V, H)).astype(np.float32), rng.integers(0, V, N))
+
+
+@pytest.mark.parametrize("change, error, message", [
+    (lambda x, w, y: (x, w, y + V), ValueError, r"labels\[0\] = \d+ is outside \[0, V\) with V = 11"),
+    (lambda x, w, y: (x, w[:, :3], y), ValueError, r"^w: shape \[11, 3\] does not match x"),
+    (lambda x, w, y: (x, w, y[:3]), ValueError, r"^labels: shape \[3\] does not match N = 7"),
+    (lambda x, w, y: (x, w, y.astype(np.float32)), ValueError, r"^labels: dtype f32 is not accepted"),
+    (lambda x, w, y: (x.tolist(), w, y), TypeError, r"^x: expected a numpy.ndarray or torch.Tensor, got list"),
+    (lambda x, w, y: (x.astype(np.int8), w, y), TypeError, r"^x: numpy dtype int8 is not supported"),
+    (lambda x, w, y: (x.astype(np.complex64), w, y), TypeError, r"^x: numpy dtype complex64"),
+    (lambda x, w, y: (x[None], w, y), ValueError, r"^x: flce takes 0-D, 1-D or 2-D tensors; got 3"),
+    (lambda x, w, y: (x, None, y), ValueError, r"^w: missing"),
+])
+def test_bad_inputs_raise_the_library_message(change, error, message):
+    x, w, y = change(*_problem())
+    with pytest.raises(error, match=message):
+        flce.loss_and_grad(x, w, y)
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"label_smoothing": 1.5}, ValueError, r"^label_smoothing = 1.5: must be in \[0, 1\)"),
+    ({"logit_scale": 0.0}, ValueError, r"^logit_scale = 0: must be finite and > 0"),
+    ({"softcap": -1.0}, ValueError, r"^softcap = -1"),
+    ({"z_loss": float("nan")}, ValueError, r"^z_loss = nan"),
+    ({"reduction": "avg"}, ValueError, r"^reduction: 'avg' is not one of none, sum, mean"),
+    ({"w_layout": "vhx"}, ValueError, r"^w_layout: 'vhx' is not one of vh, hv"),
+    ({"grad_logits_dtype": "bf16"}, ValueError, r"^grad_logits_dtype: 'bf16' is not one of"),
+    ({"logit_scale": "2"}, TypeError, r"^logit_scale: expected a number, got str"),
+    ({"backend": "nope"}, ValueError, r"nope"),
+    ({"gemm": "nope"}, ValueError, r"nope"),
+    ({"threads": -1}, ValueError, r"threads"),
+    ({"outputs": ("loss", "logits")}, ValueError, r"^outputs: 'logits' is not one of"),
+    ({"grads": ("y",)}, ValueError, r"^grads: 'y' is not one of x, w, bias, logits"),
+    ({"out_dtype": "float16"}, ValueError, r"^out_dtype: 'float16' is not 'float32' or"),
+    ({"out": {"loss": np.zeros((), dtype=np.int32)}}, ValueError, r"^loss: dtype i32 is not accepted"),
+    ({"out": {"lse": np.zeros(N, dtype=np.float32)[::-1]}}, TypeError, r"^lse: this output array"),
+    ({"inplace": True}, ValueError, r"^inplace: only the logits-level entry"),
+])
+def test_bad_options_raise(kwargs, error, message):
+    x, w, y = _problem()
+    with pytest.raises(error, match=message):
+        flce.loss_and_grad(x, w, y, **kwargs)
+
+
+def test_cpu_backend_declines_float64_with_its_reason():
+    x, w, y = _problem()
+    with pytest.raises(ValueError, match="cpu.*f64"):
+        flce.forward(x.astype(np.float64), w.astype(np.float64), y, backend="cpu")
+    assert flce.forward(x.astype(np.float64), w.astype(np.float64), y).backend == "reference"
+
+
+def test_read_only_output_and_pass_specific_errors():
+    x, w, y = _problem()
+    ro = np.zeros(N, dtype=np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        flce.forward(x, w, y, out={"lse": ro})
+    with pytest.raises(ValueError, match="^lse: missing; backward"):
+        flce.backward(x, w, y)
+    with pytest.raises(ValueError, match="^grad_x: given, but forward"):
+        flce.forward(x, w, y, out={"grad_x": np.zeros((N, H), np.float32)})
+
+
+# --- backends, workspace, the GIL ---------------------------------------------
+
+def test_backends_version_and_workspace():
+    names = [n for n, _ in flce.backends()]
+    assert names[:2] == ["cpu", "reference"] and flce.version()
+    x, w, y = _problem()
+    backend, nbytes = flce.workspace_size("loss_and_grad", x, w, y)
+    assert backend == "cpu" and nbytes > 0
+    assert flce.workspace_size("forward", x, w, y, backend="reference")[0] == "reference"
+    r = flce.loss_and_grad(x, w, y, backend="cpu", gemm="eigen", threads=1)
+    assert r.backend == "cpu" and "flce.Result(backend='cpu'" in repr(r)
+
+
+def test_gil_is_released_during_a_call():
+    import threading
+    import time
+    rng = np.random.default_rng(7)
+    x, w = rng.standard_normal((256, 256)), rng.standard_normal((4096, 256))
+    y = rng.integers(0, 4096, 256)
+    done = {}
+
+    def work():
+        t0 = time.perf_counter()
+        flce.loss_and_grad(x, w, y, backend="reference", threads=1)
+        done["seconds"] = time.perf_counter() - t0
+
+    worker = threading.Thread(target=work)
+    stamps = [time.perf_counter()]
+    worker.start()
+    while worker.is_alive():  # pure-Python work: runs only while the GIL is free
+        stamps.append(time.perf_counter())
+    worker.join()
+    gaps = np.diff(stamps)
+    assert done["seconds"] > 0.2, "the call was too short to tell"
+    # With the GIL held for the call, this loop would stall for all of it.
+    assert gaps.max() < 0.5 * done["seconds"], (gaps.max(), done["seconds"])
+    assert len(stamps) > 1000

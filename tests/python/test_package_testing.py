@@ -1,0 +1,211 @@
+"""flce.testing: the ported tolerance policy, assert_close's verdicts and
+reports, and the adversarial input generators.
+
+GOLDEN_* are bounds computed by the C++ policy itself (tests/support/
+tolerance.cpp's error_bounds on its brute force) for the two problems of
+_golden_problems(); the Python port must reproduce them to rounding.
+"""
+
+import math
+
+import pytest
+
+from test_package_reference import import_flce, np, torch
+
+flce = import_flce()
+ft = flce.testing
+
+
+def _golden_problems():
+    n, h, v = 3, 4, 5
+    i, k, j = np.arange(n)[:, None], np.arange(h)[None, :], np.arange(v)[:, None]
+    head = dict(x=np.sin(1.3 * i + 0.7 * k), w=np.cos(0.9 * j - 0.4 * k) / 2,
+                bias=0.1 * np.arange(v) - 0.3, labels=np.array([2, -100, 4]),
+                token_weights=np.array([1.0, 0.5, 2.0]),
+                class_weights=np.array([1.0, 0.5, 2.0, 1.5, 0.25]),
+                grad_lse=np.array([0.5, -1.0, 0.25]), grad_entropy=np.array([-0.3, 0.2, 0.7]),
+                logit_scale=1.7, softcap=2.5, label_smoothing=0.1, z_loss=0.01,
+                reduction="mean", accumulate="float32", storage="bfloat16",
+                grad_cast="bfloat16", saved_lse="float32", out_dtype="float32")
+    z = 3.0 * np.cos(np.arange(4)[:, None] * 1.1 + np.arange(6)[None, :] * 0.6)
+    z[0, 1] = -np.inf
+    logits = dict(logits=z, labels=np.array([1, 0, 5, -1]),
+                  grad_loss=np.array([1.0, -2.0, 0.5, 3.0]),
+                  grad_entropy=np.array([0.1, 0.2, -0.3, 0.4]), ignore_index=-1,
+                  reduction="none", label_smoothing=0.2, accumulate="float32",
+                  out_dtype="float64")
+    return head, logits
+
+
+GOLDEN_0 = {
+    "lse": [0.005797479625054329, 0.005298247710767644, 0.005618316194074045],
+    "logprob": [0.009446293313466407, 0.0, 0.009799976948786907],
+    "entropy": [0.0018913405450469742, 0.0019821743080464618, 0.003201235188031857],
+    "zloss": [0.00026589499141239985, 0.00020593431549974502, 0.0001739751129531396],
+    "loss": [0.009959645084185578],
+    "grad_x": [0.01172006706872182, 0.013048311288515833, 0.014588009121254575,
+               0.01396909017734314, 0.010289627392727083, 0.010919097211520765,
+               0.010413593540407877, 0.008343272472721529, 0.014538992178505896,
+               0.014969867249354871, 0.013718954217116679, 0.010700632054517462],
+    "grad_w": [0.013565981503284755, 0.01677046202034101, 0.016166124123820024,
+               0.014072514675332439, 0.010843344041437082, 0.020111540655870133,
+               0.022669783174995198, 0.019588509269581056, 0.0040440881320279835,
+               0.009270818055209538, 0.013230417959255178, 0.012292269954684638,
+               0.003983820043468193, 0.0032236094819678737, 0.0067556251968004305,
+               0.00768302341664083, 0.011142461080815765, 0.004580004454416683,
+               0.01620147354145739, 0.020719478340836518],
+    "grad_bias": [0.024097227105394314, 0.029188247830957043, 0.015589722229808676,
+                  0.008797062366313637, 0.021589811401693658],
+}
+GOLDEN_1 = {
+    "lse": [2.8684748020701466e-06, 2.7601873947755252e-06, 2.7604173503889574e-06,
+            2.893460630029158e-06],
+    "logprob": [math.inf, 3.571354991086972e-06, 3.589848036402769e-06, 0.0],
+    "entropy": [1.5104925802461969e-05, 9.553798454938482e-06, 9.625341981248185e-06,
+                1.6856952378985173e-05],
+    "zloss": [2.5223372357846707e-44] * 4,
+    "loss": [math.inf, 4.284356139497481e-06, 4.304172544798875e-06, 0.0],
+    "grad_logits": [6.2591943800487905e-06, 5.463761503419012e-07, 9.275784456051868e-07,
+                    1.8451742986378967e-07, 6.32773256046993e-08, 4.282483939568846e-08,
+                    9.759892737506514e-06, 1.585240796242373e-06, 4.132728098526807e-07,
+                    2.0933927690674084e-07, 2.2514685413229733e-07, 5.134185851424516e-07,
+                    2.6660158416848903e-07, 1.2198789027582764e-07, 1.1563064223054614e-07,
+                    2.3069223707662705e-07, 7.553968175469314e-07, 4.069828920413458e-06,
+                    2.4467942827653938e-08, 4.6936313746425505e-08, 1.6466223105309074e-07,
+                    7.002709158891908e-07, 1.9316848167837046e-06, 3.5605676728117446e-06],
+}
+
+
+@pytest.mark.parametrize("index", [0, 1])
+@pytest.mark.parametrize("chunk", [1, 7, None])
+def test_bounds_reproduce_the_cpp_policy(index, chunk):
+    problem = _golden_problems()[index]
+    golden = (GOLDEN_0, GOLDEN_1)[index]
+    _, bounds = ft.bounds(**problem, chunk_elements=chunk)
+    for name, want in golden.items():
+        got, want = np.ravel(bounds[name]), np.array(want)
+        with np.errstate(invalid="ignore"):  # inf - inf where both are inf
+            same = (got == want) | (np.abs(got - want) <= 1e-12 * np.abs(want))
+        assert same.all(), f"{name}: {got} vs C++ {want}"
+
+
+def _problem(**kw):
+    return ft.make_inputs(n=24, h=8, v=40, bias=True, seed=1, **kw)
+
+
+def test_assert_close_accepts_flce_outputs_and_reports_fractions():
+    for dtype, backend in (("float32", "cpu"), ("bfloat16", "cpu"), ("float64", "reference")):
+        inp = _problem(dtype=dtype)
+        out = "float64" if dtype == "float64" else "float32"
+        r = flce.loss_and_grad(**inp, outputs="all", out_dtype=out, backend=backend)
+        acc = "float64" if dtype == "float64" else "float32"
+        report = ft.assert_close(r, **inp, accumulate=acc)
+        assert set(report) == {"loss", "lse", "logprob", "entropy", "zloss", "grad_x", "grad_w",
+                               "grad_bias"}
+        assert all(0 <= v <= 1 for v in report.values()), report
+
+
+def test_report_names_count_worst_index_and_bound():
+    inp = _problem()
+    r = flce.loss_and_grad(**inp, outputs="all")
+    gw = r.grad_w.copy()
+    gw[7, 3] += 1e-3
+    lse = r.lse.copy()
+    lse[5] = np.nan
+    with pytest.raises(AssertionError) as info:
+        ft.assert_close({"loss": r.loss * (1 + 1e-4), "lse": lse, "grad_w": gw}, **inp,
+                        msg="my kernel")
+    text = str(info.value)
+    assert text.startswith("my kernel\n  flce.testing.assert_close: 3 output(s)")
+    assert "loss: 1 of 1 elements exceed C * bound; worst at []" in text
+    assert "grad_w: 1 of 320 elements exceed C * bound; worst at [7, 3]" in text
+    assert "lse: 0 of 24 elements exceed C * bound" in text
+    assert "1 NaN/Inf position mismatches, first at [5]: actual nan" in text
+    assert "vs bound" in text and "ratio" in text
+
+
+def test_argmax_check_allows_ties_within_the_logit_bounds_only():
+    z = np.array([[1.0, 1.0 + 1e-9, -2.0], [0.0, 5.0, 1.0], [np.nan, 1.0, 2.0]])
+    y = np.array([0, 1, 2])
+    ft.assert_close({"argmax": np.array([0, 1, 0])}, logits=z, labels=y,
+                    accumulate="float32")  # row 0: a gap far below the f32 logit bound
+    with pytest.raises(AssertionError, match=r"argmax\[0\] = 0 .* exceeds"):
+        ft.assert_close({"argmax": np.array([0, 1, 0])}, logits=z, labels=y,
+                        accumulate="float64")  # ... but not below the f64 one
+    with pytest.raises(AssertionError, match=r"argmax\[1\] = 2 .* exceeds the logit bounds"):
+        ft.assert_close({"argmax": np.array([1, 2, 0])}, logits=z, labels=y)
+    with pytest.raises(AssertionError, match=r"argmax\[2\] = 2, expected 0 \(the first NaN"):
+        ft.assert_close({"argmax": np.array([1, 1, 2])}, logits=z, labels=y)
+
+
+def test_float32_candidate_fails_a_float64_claim():
+    inp = _problem(dtype="float64")
+    r32 = flce.loss_and_grad(**{**inp, "x": inp["x"].astype(np.float32),
+                                "w": inp["w"].astype(np.float32),
+                                "bias": inp["bias"].astype(np.float32)}, outputs="all",
+                             out_dtype="float64", grad_dtype="float64")
+    ft.assert_close(r32, **{**inp, "x": inp["x"].astype(np.float32),
+                            "w": inp["w"].astype(np.float32),
+                            "bias": inp["bias"].astype(np.float32)})
+    with pytest.raises(AssertionError, match="exceed C \\* bound"):
+        ft.assert_close(r32, **inp, accumulate="float64")  # a float64 claim
+
+
+def test_torch_outputs_and_unknown_names():
+    inp = _problem(like="torch", dtype="bfloat16")
+    r = flce.loss_and_grad(**inp, grad_dtype="input")
+    assert r.grad_x.dtype == torch.bfloat16
+    ft.assert_close(r, **inp)
+    with pytest.raises(ValueError, match="not outputs of flce"):
+        ft.assert_close({"logits": r.loss}, **inp)
+
+
+@pytest.mark.parametrize("magnitude", [100.0, 1000.0])
+def test_large_logits_have_the_asked_magnitude(magnitude):
+    inp = ft.make_inputs(n=64, h=32, v=256, kind="large", magnitude=magnitude, dtype="float64")
+    z = inp["x"] @ inp["w"].T
+    assert 0.3 * magnitude < np.median(np.abs(z)) < 3 * magnitude
+
+
+def test_generators():
+    peaky = ft.make_inputs(n=400, h=8, v=500, kind="peaky", zipf=2.0, dtype="float64")
+    p = np.exp(peaky["bias"] - np.logaddexp.reduce(peaky["bias"]))
+    assert p.max() > 0.5 and np.mean(peaky["labels"] == np.argmax(p)) > 0.3
+    for v in ft.TILE_VOCABS:
+        assert ft.adversarial_inputs(f"vocab_{v}", n=4, h=4)["w"].shape == (v, 4)
+    ign = ft.make_inputs(n=100, h=4, v=10, ignore_fraction=0.3, ignore_index=-7)
+    frac = np.mean(ign["labels"] == -7)
+    assert 0.1 < frac < 0.5 and ign["labels"][-1] != -7 and ign["ignore_index"] == -7
+    assert (ft.adversarial_inputs("all_ignored", n=5, h=4)["labels"] == -100).all()
+    exact = ft.make_inputs(n=8, h=8, v=16, bf16_values=True, bias=True)
+    for name in ("x", "w", "bias"):
+        a = exact[name]
+        assert np.array_equal(ft.bf16_exact(a), a)
+        assert np.array_equal(flce.bf16_bits_to_float32(flce.float32_to_bf16_bits(a)), a)
+    bits = ft.make_inputs(n=4, h=4, v=8, dtype="bfloat16")
+    assert bits["x"].dtype == np.uint16
+    t = ft.make_inputs(n=4, h=4, v=8, dtype="bfloat16", like="torch", entry="logits")
+    assert t["logits"].dtype == torch.bfloat16 and t["labels"].dtype == torch.int64
+    hv = ft.make_inputs(n=4, h=3, v=8, w_layout="hv")
+    assert hv["w"].shape == (3, 8) and hv["w_layout"] == "hv"
+    with pytest.raises(ValueError, match="kind"):
+        ft.make_inputs(kind="spiky")
+
+
+# Found by these tests: with |z| ~ 100 the exact gradients of W include
+# subnormal float32 values (p_ij ~ e^-90) that the cpu backend's AVX2 and
+# AVX-512 kernels return as 0 (its scalar kernels, FLCE_MAX_ISA=scalar, pass).
+# The policy allows only tiny(u_a) absolute error for an underflowing exp, so
+# a flush to zero fails it; left as a non-strict xfail until the kernels or
+# the policy change.
+_SUBNORMAL_FLUSH = pytest.mark.xfail(
+    reason="cpu AVX2/AVX-512 kernels flush subnormal probabilities to 0 (policy: tiny(u_a))",
+    strict=False)
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=_SUBNORMAL_FLUSH) if n.startswith("large") else n
+    for n in sorted(ft.ADVERSARIAL_CASES)])
+def test_cpu_backend_passes_every_adversarial_case(name):
+    inp = ft.adversarial_inputs(name, n=48, h=16)
+    ft.assert_close(flce.loss_and_grad(**inp, outputs="all"), **inp)

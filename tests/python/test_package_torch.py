@@ -1,0 +1,172 @@
+"""flce.torch: the autograd Function, linear_cross_entropy and the
+LinearCrossEntropyLoss module, against the float64 PyTorch reference of the
+semantics (test_package_reference.py) and against F.cross_entropy itself.
+
+Tolerances: float64 (the reference backend) within 1e-10 norm-wise; float32
+within 1e-4 norm-wise and the tolerance policy (flce.testing.assert_close);
+bfloat16 parameters get bfloat16 gradients, whose own rounding (2^-8
+relative) dominates: within 1e-2 norm-wise and the policy with u_o = bf16.
+"""
+
+import pytest
+
+from test_package_reference import F, import_flce, norm_close, np, reference, torch
+
+flce = import_flce()
+LinearCrossEntropyLoss = flce.torch.LinearCrossEntropyLoss
+linear_cross_entropy = flce.torch.linear_cross_entropy
+
+N, H, V = 9, 6, 13
+OPTIONS = {
+    "defaults": {},
+    "logit_scale": {"logit_scale": 1.7},
+    "softcap": {"softcap": 2.0},
+    "label_smoothing": {"label_smoothing": 0.15},
+    "z_loss": {"z_loss": 0.02},
+    "ignore_index": {"ignore_index": 5},
+    "reduction_none": {"reduction": "none"},
+    "reduction_sum": {"reduction": "sum"},
+    "w_layout_hv": {"w_layout": "hv"},
+    "class_weights": {"class_weights": True},
+    "everything": {"logit_scale": 0.8, "softcap": 4.0, "label_smoothing": 0.1, "z_loss": 1e-3,
+                   "ignore_index": 5, "reduction": "none", "w_layout": "hv",
+                   "class_weights": True},
+}
+RTOL = {torch.float64: 1e-10, torch.float32: 1e-4, torch.bfloat16: 1e-2}
+
+
+def make(dtype, opts, seed=0, bias=True):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(N, H, generator=g, dtype=torch.float64).to(dtype)
+    w = (torch.randn(V, H, generator=g, dtype=torch.float64) / H ** 0.5).to(dtype)
+    if opts.get("w_layout") == "hv":
+        w = w.T.contiguous()
+    b = (0.3 * torch.randn(V, generator=g, dtype=torch.float64)).to(dtype) if bias else None
+    y = torch.randint(0, V, (N,), generator=g)
+    y[[1, 6]] = opts.get("ignore_index", -100)
+    cw = torch.rand(V, generator=g, dtype=torch.float64) + 0.5 if opts.get("class_weights") \
+        else None
+    kw = {k: v for k, v in opts.items() if k != "class_weights"}
+    return x, w, b, y, cw, kw
+
+
+def leaves(*ts):
+    return [None if t is None else t.detach().clone().requires_grad_(True) for t in ts]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16],
+                         ids=["float64", "float32", "bfloat16"])
+@pytest.mark.parametrize("case", list(OPTIONS))
+def test_module_matches_reference(case, dtype):
+    x, w, b, y, cw, kw = make(dtype, OPTIONS[case])
+    xl, wl, bl = leaves(x, w, b)
+    loss_fn = LinearCrossEntropyLoss(class_weights=cw, **kw)
+    loss = loss_fn(xl, wl, y, bias=bl)
+    g_out = torch.linspace(-1, 1, N, dtype=loss.dtype) if loss.dim() else None
+    loss.backward(g_out)
+    assert loss.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    assert xl.grad.dtype == dtype and wl.grad.dtype == dtype and bl.grad.dtype == dtype
+    ref = reference(x=x, w=w, bias=b, labels=y, class_weights=cw, grad_loss=g_out, **kw)
+    rtol = RTOL[dtype]
+    norm_close("loss", loss, ref["loss"], rtol if dtype == torch.float64 else 1e-5)
+    for name, t in (("grad_x", xl), ("grad_w", wl), ("grad_bias", bl)):
+        norm_close(name, t.grad, ref[name], rtol)
+    if dtype != torch.float64:
+        got = {"loss": loss, "grad_x": xl.grad, "grad_w": wl.grad, "grad_bias": bl.grad}
+        flce.testing.assert_close(got, x, w, y, bias=b, class_weights=cw, grad_loss=g_out,
+                                  saved_lse="float32", **kw)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("smoothing", [0.0, 0.25])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_drop_in_for_torch_cross_entropy(reduction, smoothing, weighted):
+    x, w, b, y, cw, _ = make(torch.float64, {"class_weights": weighted}, seed=3)
+    xa, wa, ba = leaves(x, w, b)
+    xb, wb, bb = leaves(x, w, b)
+    kw = dict(weight=cw, reduction=reduction, label_smoothing=smoothing)
+    mine = LinearCrossEntropyLoss(class_weights=cw, reduction=reduction,
+                                  label_smoothing=smoothing)(xa, wa, y, bias=ba)
+    theirs = F.cross_entropy(F.linear(xb, wb, bb), y, **kw)
+    norm_close("loss", mine, theirs.detach().numpy(), 1e-12)
+    mine.sum().backward()
+    theirs.sum().backward()
+    for a, t in ((xa, xb), (wa, wb), (ba, bb)):
+        norm_close("grad", a.grad, t.grad.numpy(), 1e-12)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_gradcheck_float64_with_lse_and_entropy(reduction):
+    x, w, b, y, cw, _ = make(torch.float64, {"class_weights": True}, seed=5)
+    tw = torch.rand(N, dtype=torch.float64) + 0.5
+    opts = dict(class_weights=cw, token_weights=tw, softcap=3.0, z_loss=0.05,
+                label_smoothing=0.1, logit_scale=1.3, reduction=reduction)
+
+    def fn(x, w, b):
+        return linear_cross_entropy(x, w, y, b, return_lse=True, return_entropy=True, **opts)
+
+    assert torch.autograd.gradcheck(fn, tuple(leaves(x, w, b)), eps=1e-6, atol=1e-7, rtol=1e-6)
+
+
+def test_lse_and_entropy_cotangents_flow_to_flce():
+    x, w, b, y, _, _ = make(torch.float64, {}, seed=7)
+    xl, wl, bl = leaves(x, w, b)
+    loss, lse, ent = linear_cross_entropy(xl, wl, y, bl, z_loss=0.01, return_lse=True,
+                                          return_entropy=True)
+    g_lse, g_ent = torch.randn(N, dtype=torch.float64), torch.randn(N, dtype=torch.float64)
+    (2.0 * loss + (g_lse * lse).sum() + (g_ent * ent).sum()).backward()
+    ref = reference(x=x, w=w, bias=b, labels=y, z_loss=0.01, grad_loss=np.array(2.0),
+                    grad_lse=g_lse, grad_entropy=g_ent)
+    norm_close("lse", lse, ref["lse"], 1e-12)
+    norm_close("entropy", ent, ref["entropy"], 1e-10)
+    for name, t in (("grad_x", xl), ("grad_w", wl), ("grad_bias", bl)):
+        norm_close(name, t.grad, ref[name], 1e-10)
+    # Only the lse used: the loss's cotangent must be zero, not flce's default of one.
+    xl, wl = leaves(x, w)
+    _, lse = linear_cross_entropy(xl, wl, y, return_lse=True)
+    lse.sum().backward()
+    ref = reference(x=x, w=w, labels=y, grad_loss=np.array(0.0), grad_lse=np.ones(N))
+    norm_close("grad_x", xl.grad, ref["grad_x"], 1e-10)
+
+
+def test_batched_and_non_contiguous_inputs():
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(H, 2, 5, generator=g).permute(1, 2, 0)  # [2, 5, H], non-contiguous
+    w = torch.randn(H, V, generator=g).T  # [V, H] view of an [H, V] tensor
+    y = torch.randint(0, V, (2, 5), generator=g)
+    xl, wl = leaves(x, w)
+    per_token = linear_cross_entropy(xl, wl, y, reduction="none")
+    assert per_token.shape == (2, 5)
+    per_token.sum().backward()
+    xr, wr = leaves(x, w)
+    F.cross_entropy(F.linear(xr, wr).reshape(-1, V), y.reshape(-1), reduction="sum").backward()
+    norm_close("loss", per_token.sum(), float(F.cross_entropy(
+        F.linear(x, w).reshape(-1, V), y.reshape(-1), reduction="sum")), 1e-5)
+    norm_close("grad_x", xl.grad, xr.grad.double().numpy(), 1e-4)
+    norm_close("grad_w", wl.grad, wr.grad.double().numpy(), 1e-4)
+    assert xl.grad.shape == x.shape
+
+
+def test_only_needed_gradients_and_mixed_dtypes():
+    x, w, b, y, _, _ = make(torch.float32, {}, seed=11)
+    wl = w.clone().requires_grad_(True)
+    LinearCrossEntropyLoss()(x, wl, y).backward()  # x needs no gradient
+    assert wl.grad is not None
+    xl, wb = x.clone().requires_grad_(True), w.bfloat16().requires_grad_(True)
+    LinearCrossEntropyLoss(backend="reference")(xl, wb, y).backward()
+    assert xl.grad.dtype == torch.float32 and wb.grad.dtype == torch.bfloat16
+
+
+def test_module_state_and_errors():
+    cw = torch.ones(V)
+    m = LinearCrossEntropyLoss(class_weights=cw, label_smoothing=0.1, backend="cpu")
+    assert "class_weights" in dict(m.named_buffers()) and "label_smoothing=0.1" in repr(m)
+    x, w, b, y, _, _ = make(torch.float32, {}, seed=12)
+    with pytest.raises(ValueError, match="does not match x's leading dimensions"):
+        m(x, w, y[:3])
+    with pytest.raises(TypeError, match="^x: expected a torch.Tensor"):
+        m(x.numpy(), w, y)
+    with pytest.raises(ValueError, match=r"^labels\[0\] = 99 is outside"):
+        m(x, w, torch.full((N,), 99))
+    with pytest.raises(ValueError, match="cpu"):
+        LinearCrossEntropyLoss(backend="cpu")(x.double(), w.double(), y)
