@@ -4,6 +4,7 @@
 #include <string>
 
 #include "cli/bench.h"
+#include "cli/eval.h"
 #include "cli/run.h"
 #include "flce/flce.h"
 
@@ -13,6 +14,8 @@ const char* kUsage =
     "usage: flce <command> [options]\n\n"
     "commands:\n"
     "  run        compute loss, lse, per-row outputs and gradients from .npy files\n"
+    "  eval       stream a large data set (memory-mapped .npy) through the forward pass:\n"
+    "             mean loss, perplexity, accuracy, entropy; per-token outputs\n"
     "  bench      time a generated problem against its GEMMs (one JSON line)\n"
     "  backends   list the backends in the order they are tried\n\n"
     "  flce --version     print the version\n"
@@ -46,6 +49,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (command == "run") return flce::cli::run_command(argc, argv, 2);
+  if (command == "eval") return flce::cli::eval_command(argc, argv, 2);
   if (command == "bench") return flce::cli::bench_command(argc, argv, 2);
   if (command == "backends") return list_backends_command(argc);
   std::fprintf(stderr, "flce: error: unknown command '%s' (see flce --help)\n", command.c_str());

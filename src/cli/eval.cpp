@@ -1,0 +1,601 @@
+// `flce eval`: the forward pass over a data set too large for memory.
+//
+// x and the labels are memory-mapped (io/npy_map.h) and read front to back
+// in blocks of --block-rows rows; each block is one flce::forward call with
+// reduction none, and the pages of the block are dropped once it is done,
+// so resident memory is W (loaded once, as the computation needs it all),
+// the backend's tiles and one block, whatever N is. Per-token outputs go to
+// .npy files created at full size under temporary names and filled block by
+// block; they are renamed into place only when every block succeeded, and
+// removed on any error, so --out never holds partial files.
+#include "cli/eval.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cli/args.h"
+#include "common/tensor_access.h"
+#include "flce/flce.h"
+#include "io/npy.h"
+#include "io/npy_map.h"
+
+namespace flce::cli {
+namespace {
+
+constexpr int64_t kDefaultBlockRows = 4096;
+
+const std::vector<Flag>& eval_flags() {
+  static const std::vector<Flag> flags = {
+      {"x", "X.npy", "hidden states [N, H] (memory-mapped, read block by block)"},
+      {"w", "W.npy", "head weight [V, H] (or [H, V] with --w-layout hv), loaded once"},
+      {"labels", "Y.npy", "labels [N], int32 or int64 (memory-mapped)"},
+      {"bias", "B.npy", "bias [V]"},
+      {"w-layout", "vh|hv", "how W is stored (default vh, PyTorch's lm_head.weight)"},
+      {"dtype", "f32|bf16|f16", "round x (block by block), W and bias to this storage first "
+                                "(default: as stored in the files)"},
+      {"logit-scale", "A", "logit scale a > 0 (default 1)"},
+      {"softcap", "K", "softcap k >= 0, 0 = off (default 0)"},
+      {"ignore-index", "I", "label of rows that are not scored (default -100)"},
+      {"label-smoothing", "E", "label smoothing in [0, 1) (default 0)"},
+      {"z-loss", "L", "z-loss weight >= 0 (default 0)"},
+      {"block-rows", "R", "rows per forward call, >= 1 (default 4096)"},
+      {"backend", "NAME", "backend (default: FLCE_BACKEND if set, else cpu; see `flce backends`)"},
+      {"gemm", "NAME", "force the cpu backend's GEMM engine: openblas|onednn|eigen"},
+      {"threads", "T", "CPU threads, >= 1 (default: all)"},
+      {"out", "DIR", "also write DIR/logprob.npy, entropy.npy and argmax.npy (int64), [N] each"},
+      {"out-dtype", "f32|f64", "dtype of logprob.npy and entropy.npy (default f32)"},
+      {"json", nullptr, "print the summary as one JSON line"},
+      {"no-progress", nullptr, "never show the progress bar (shown only when stderr is a terminal)"},
+      {"help", nullptr, "show this help"},
+  };
+  return flags;
+}
+
+// An error for the user: "--flag ...: message".
+struct Failure {
+  std::string message;
+};
+
+void check(const std::string& error) {
+  if (!error.empty()) throw Failure{error};
+}
+
+// "--x X.npy": the flag and its file, the prefix of every input error.
+std::string where(const Args& args, const char* flag) {
+  return std::string("--") + flag + " " + args.get(flag);
+}
+
+std::string shape_repr(const std::vector<int64_t>& shape) {
+  std::string s = "(";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + (shape.size() == 1 ? ",)" : ")");
+}
+
+// Prefixes an API error with the flag it came from (as `flce run` does).
+std::string explain_api_error(const std::string& error, const Args& args) {
+  static const std::pair<const char*, const char*> table[] = {
+      {"x", "x"}, {"w", "w"}, {"bias", "bias"}, {"labels", "labels"},
+      {"logit_scale", "logit-scale"}, {"softcap", "softcap"},
+      {"label_smoothing", "label-smoothing"}, {"z_loss", "z-loss"},
+      {"backend", "backend"}, {"threads", "threads"}, {"gemm", "gemm"}};
+  const std::string name = error.substr(0, error.find_first_of(" :["));
+  for (auto [api, flag] : table) {
+    if (name != api) continue;
+    std::string prefix = std::string("--") + flag;
+    if (args.has(flag) && args.get(flag).find(".npy") != std::string::npos)
+      prefix += " " + args.get(flag);
+    return prefix + ": " + error;
+  }
+  return error;
+}
+
+const Dtype kStorages[] = {Dtype::f32, Dtype::bf16, Dtype::f16};
+
+// W or bias: read whole, a float array, rounded to --dtype when given.
+io::NpyArray load_storage(const Args& args, const char* flag, int storage, size_t ndim) {
+  io::NpyArray a;
+  if (auto e = io::read_npy(args.get(flag), &a); !e.empty())
+    throw Failure{std::string("--") + flag + ": " + e};
+  if (!dtype_is_float(a.dtype))
+    throw Failure{where(args, flag) + ": dtype " + dtype_name(a.dtype) +
+                  " is not a float type (float16, float32 or float64)"};
+  if (a.shape.size() != ndim)
+    throw Failure{where(args, flag) + ": shape " + shape_repr(a.shape) + " is " +
+                  std::to_string(a.shape.size()) + "-D; " + flag + " must be " +
+                  (ndim == 2 ? "2-D" : "1-D")};
+  if (storage < 0 || kStorages[storage] == a.dtype) return a;
+  io::NpyArray out;
+  out.dtype = kStorages[storage];
+  out.shape = a.shape;
+  out.bytes.resize(size_t(a.numel()) * dtype_size(out.dtype));
+  const Tensor src = vector_view(a.bytes.data(), a.dtype, a.numel());
+  const Tensor dst = vector_view(out.bytes.data(), out.dtype, out.numel());
+  for (int64_t i = 0; i < a.numel(); ++i) store(dst, i, load(src, i));
+  return out;
+}
+
+Tensor view_of(io::NpyArray& a) {
+  if (a.shape.size() == 2) return matrix_view(a.bytes.data(), a.dtype, a.shape[0], a.shape[1]);
+  return vector_view(a.bytes.data(), a.dtype, a.shape[0]);
+}
+
+// The inputs: x and labels mapped, W and bias in memory.
+struct Inputs {
+  io::NpyMap x, labels;
+  io::NpyArray w, bias;
+  bool has_bias = false;
+  WeightLayout layout = WeightLayout::vh;
+  int storage = -1;           // index into kStorages, -1: as stored
+  Dtype x_storage = Dtype::f32;  // the dtype x blocks are handed over in
+  int64_t n = 0, h = 0, v = 0;
+  int64_t ignored = 0;        // rows whose label is ignore_index
+};
+
+void open_inputs(const Args& args, const Options& options, Inputs& in) {
+  int layout = 0;
+  check(args.get_choice("dtype", {"f32", "bf16", "f16"}, &in.storage));
+  check(args.get_choice("w-layout", {"vh", "hv"}, &layout));
+  in.layout = WeightLayout(layout);
+
+  if (auto e = in.x.open(args.get("x")); !e.empty()) throw Failure{"--x: " + e};
+  const std::vector<int64_t>& xs = in.x.shape();
+  if (!dtype_is_float(in.x.dtype()))
+    throw Failure{where(args, "x") + ": dtype " + dtype_name(in.x.dtype()) +
+                  " is not a float type (float16, float32 or float64)"};
+  if (xs.size() != 2)
+    throw Failure{where(args, "x") + ": shape " + shape_repr(xs) + " is " +
+                  std::to_string(xs.size()) + "-D; x must be 2-D [N, H]"};
+  if (xs[0] < 1 || xs[1] < 1)
+    throw Failure{where(args, "x") + ": shape " + shape_repr(xs) +
+                  "; N and H must be >= 1"};
+  in.n = xs[0];
+  in.h = xs[1];
+  in.x_storage = in.storage < 0 ? in.x.dtype() : kStorages[in.storage];
+
+  in.w = load_storage(args, "w", in.storage, 2);
+  const bool vh = in.layout == WeightLayout::vh;
+  const int64_t w_h = in.w.shape[vh ? 1 : 0];
+  in.v = in.w.shape[vh ? 0 : 1];
+  if (w_h != in.h)
+    throw Failure{where(args, "w") + ": shape " + shape_repr(in.w.shape) + " does not match " +
+                  where(args, "x") + " " + shape_repr(xs) + ": with --w-layout " +
+                  (vh ? "vh, W is [V, H]" : "hv, W is [H, V]") + " with H = " +
+                  std::to_string(in.h)};
+  if (in.v < 1)
+    throw Failure{where(args, "w") + ": shape " + shape_repr(in.w.shape) + "; V must be >= 1"};
+  if (args.has("bias")) {
+    in.bias = load_storage(args, "bias", in.storage, 1);
+    in.has_bias = true;
+    if (in.bias.shape[0] != in.v)
+      throw Failure{where(args, "bias") + ": shape " + shape_repr(in.bias.shape) +
+                    " does not match V = " + std::to_string(in.v) + " (from " +
+                    where(args, "w") + ")"};
+  }
+
+  if (auto e = in.labels.open(args.get("labels")); !e.empty()) throw Failure{"--labels: " + e};
+  const Dtype ly = in.labels.dtype();
+  if (ly != Dtype::i32 && ly != Dtype::i64)
+    throw Failure{where(args, "labels") + ": dtype " + dtype_name(ly) +
+                  "; labels must be int32 or int64"};
+  if (in.labels.shape() != std::vector<int64_t>{in.n})
+    throw Failure{where(args, "labels") + ": shape " + shape_repr(in.labels.shape()) +
+                  " does not match " + where(args, "x") + ": labels must be [N] with N = " +
+                  std::to_string(in.n)};
+
+  // Every label in range before any work, with the message the API would
+  // give but the row's index in the whole file. Counts the ignored rows.
+  in.labels.advise_sequential();
+  const Tensor y = vector_view(in.labels.data(), ly, in.n);
+  constexpr int64_t kChunk = int64_t(1) << 20;
+  for (int64_t i = 0; i < in.n; ++i) {
+    const int64_t label = load_int(y, i);
+    if (label == options.ignore_index) {
+      ++in.ignored;
+    } else if (label < 0 || label >= in.v) {
+      throw Failure{where(args, "labels") + ": labels[" + std::to_string(i) + "] = " +
+                    std::to_string(label) + " is outside [0, V) with V = " +
+                    std::to_string(in.v) + " and is not ignore_index (" +
+                    std::to_string(options.ignore_index) + ")"};
+    }
+    if ((i + 1) % kChunk == 0) in.labels.release_before(size_t(i + 1) * dtype_size(ly));
+  }
+  in.labels.release_before(size_t(in.n) * dtype_size(ly));
+}
+
+// A progress bar on stderr, redrawn at most 10 times a second; only when
+// stderr is a terminal.
+class Progress {
+ public:
+  Progress(bool enabled, int64_t total) : enabled_(enabled), total_(total) {}
+  ~Progress() {  // an error ends the bar's line before its message
+    if (drawn_ && !finished_) std::fputc('\n', stderr);
+  }
+  void update(int64_t done) {
+    if (!enabled_) return;
+    const auto now = Clock::now();
+    if (drawn_ && now - last_ < std::chrono::milliseconds(100)) return;
+    draw(done, now);
+  }
+  void finish(int64_t done) {
+    if (!enabled_) return;
+    draw(done, Clock::now());
+    finished_ = true;
+    std::fputc('\n', stderr);
+    std::fflush(stderr);
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  static std::string duration(double s) {
+    char buf[32];
+    const long long t = (long long)std::llround(s);
+    if (t >= 3600) std::snprintf(buf, sizeof buf, "%lldh%02lldm%02llds", t / 3600, t / 60 % 60, t % 60);
+    else if (t >= 60) std::snprintf(buf, sizeof buf, "%lldm%02llds", t / 60, t % 60);
+    else std::snprintf(buf, sizeof buf, "%llds", t);
+    return buf;
+  }
+
+  void draw(int64_t done, Clock::time_point now) {
+    drawn_ = true;
+    last_ = now;
+    const double elapsed = std::chrono::duration<double>(now - start_).count();
+    const double frac = total_ > 0 ? double(done) / double(total_) : 1.0;
+    constexpr int kWidth = 24;
+    const int filled = int(frac * kWidth);
+    std::string bar(size_t(filled), '#');
+    bar.resize(kWidth, '.');
+    char rate[32] = "-", left[32] = "-";
+    if (elapsed > 0 && done > 0) {
+      const double r = double(done) / elapsed;
+      if (r >= 1e6) std::snprintf(rate, sizeof rate, "%.2fM", r / 1e6);
+      else if (r >= 1e3) std::snprintf(rate, sizeof rate, "%.1fk", r / 1e3);
+      else std::snprintf(rate, sizeof rate, "%.1f", r);
+      std::snprintf(left, sizeof left, "%s", duration(double(total_ - done) / r).c_str());
+    }
+    std::fprintf(stderr, "\r[%s] %lld/%lld rows %5.1f%%  %s tok/s  %s left\033[K", bar.c_str(),
+                 (long long)done, (long long)total_, 100.0 * frac, rate, left);
+    std::fflush(stderr);
+  }
+
+  bool enabled_;
+  int64_t total_;
+  bool drawn_ = false, finished_ = false;
+  Clock::time_point start_ = Clock::now(), last_;
+};
+
+// The per-token output files, under temporary names until commit().
+class Outputs {
+ public:
+  explicit Outputs(const std::string& dir) : dir_(dir) {}
+  // Creates the directory if missing and the files at full size; whatever
+  // was created is removed by the destructor unless commit() ran.
+  void create(int64_t n, Dtype real) {
+    namespace fs = std::filesystem;
+    const std::string& dir = dir_;
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec || !fs::is_directory(dir))
+      throw Failure{"--out " + dir + ": cannot create the directory" +
+                    (ec ? " (" + ec.message() + ")" : std::string(" (a file is in the way)"))};
+    const std::string suffix = ".tmp" + std::to_string(::getpid());
+    const std::pair<const char*, Dtype> files[] = {
+        {"logprob.npy", real}, {"entropy.npy", real}, {"argmax.npy", Dtype::i64}};
+    for (auto [name, dtype] : files) {
+      std::string hidden(".");  // ".logprob.npy.tmp1234"
+      hidden.append(name).append(suffix);
+      File f{name, (fs::path(dir) / hidden).string(), std::make_unique<io::NpyOutFile>()};
+      files_.push_back(std::move(f));  // listed before creation: removed on failure
+      if (auto e = files_.back().out->create(files_.back().tmp, dtype, {n}); !e.empty())
+        throw Failure{"--out: " + e};
+    }
+  }
+  ~Outputs() {  // not committed: remove every temporary file
+    std::error_code ec;
+    for (File& f : files_) {
+      f.out->close();
+      if (!committed_) std::filesystem::remove(f.tmp, ec);
+    }
+  }
+
+  io::NpyOutFile& logprob() { return *files_[0].out; }
+  io::NpyOutFile& entropy() { return *files_[1].out; }
+  io::NpyOutFile& argmax() { return *files_[2].out; }
+
+  // Closes the files and renames them into place.
+  void commit() {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    for (File& f : files_) {
+      if (auto e = f.out->close(); !e.empty()) throw Failure{"--out: " + e};
+      const fs::path final_path = fs::path(dir_) / f.name;
+      if (fs::exists(final_path, ec) && !fs::is_regular_file(final_path, ec))
+        throw Failure{"--out: " + final_path.string() + " exists and is not a regular file"};
+    }
+    for (File& f : files_) {
+      const fs::path final_path = fs::path(dir_) / f.name;
+      fs::rename(f.tmp, final_path, ec);
+      if (ec) throw Failure{"--out: cannot rename " + f.tmp + " to " + final_path.string() +
+                            ": " + ec.message()};
+    }
+    committed_ = true;
+  }
+
+ private:
+  struct File {
+    std::string name, tmp;
+    std::unique_ptr<io::NpyOutFile> out;
+  };
+  std::string dir_;
+  std::vector<File> files_;
+  bool committed_ = false;
+};
+
+// SIGINT or SIGTERM while output files are being filled: the block loop
+// stops at the next block and removes them (a second signal kills at once).
+volatile sig_atomic_t g_signal = 0;
+
+void on_signal(int sig) { g_signal = sig; }
+
+void catch_interrupts() {
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sa.sa_flags = SA_RESETHAND;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
+// The summary statistics, summed in float64 in row order.
+struct Totals {
+  int64_t rows = 0, ignored = 0, scored = 0, correct = 0;
+  double sum_loss = 0, sum_entropy = 0;
+};
+
+std::string json_number(double v) {
+  if (!std::isfinite(v)) return "null";
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+std::string json_string(const std::string& s) {
+  std::string q = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') q += '\\', q += char(c);
+    else if (c < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      q += buf;
+    } else q += char(c);
+  }
+  return q + "\"";
+}
+
+void print_summary(const Args& args, const std::string& backend, const Totals& t,
+                   double seconds) {
+  const double s = double(t.scored);
+  const double mean_loss = t.sum_loss / s, accuracy = double(t.correct) / s,
+               mean_entropy = t.sum_entropy / s, perplexity = std::exp(mean_loss);
+  const double rate = seconds > 0 ? double(t.rows) / seconds : 0.0;
+  if (args.has("json")) {
+    std::printf(
+        "{\"backend\": %s, \"rows\": %lld, \"ignored\": %lld, \"scored\": %lld, "
+        "\"mean_loss\": %s, \"perplexity\": %s, \"accuracy\": %s, \"correct\": %lld, "
+        "\"mean_entropy\": %s, \"seconds\": %s, \"tokens_per_second\": %s, \"out\": %s}\n",
+        json_string(backend).c_str(), (long long)t.rows, (long long)t.ignored,
+        (long long)t.scored, json_number(mean_loss).c_str(), json_number(perplexity).c_str(),
+        json_number(accuracy).c_str(), (long long)t.correct, json_number(mean_entropy).c_str(),
+        json_number(seconds).c_str(), json_number(rate).c_str(),
+        args.has("out") ? json_string(args.get("out")).c_str() : "null");
+    return;
+  }
+  std::printf("backend: %s\n", backend.c_str());
+  std::printf("rows: %lld (ignored: %lld, scored: %lld)\n", (long long)t.rows,
+              (long long)t.ignored, (long long)t.scored);
+  std::printf("mean loss: %.9g\n", mean_loss);
+  std::printf("perplexity: %.9g\n", perplexity);
+  std::printf("accuracy: %.9g (%lld/%lld)\n", accuracy, (long long)t.correct,
+              (long long)t.scored);
+  std::printf("mean entropy: %.9g\n", mean_entropy);
+  std::printf("time: %.3f s (%.1f tokens/s)\n", seconds, rate);
+  if (args.has("out"))
+    std::printf("wrote logprob.npy, entropy.npy, argmax.npy to %s\n", args.get("out").c_str());
+}
+
+int eval(const Args& args) {
+  const auto start = std::chrono::steady_clock::now();
+  for (const char* flag : {"x", "w", "labels"})
+    if (!args.has(flag))
+      throw Failure{std::string("--") + flag + ": missing (give --x, --w and --labels)"};
+
+  Options options;
+  check(args.get_double("logit-scale", &options.logit_scale));
+  check(args.get_double("softcap", &options.softcap));
+  check(args.get_int("ignore-index", &options.ignore_index));
+  check(args.get_double("label-smoothing", &options.label_smoothing));
+  check(args.get_double("z-loss", &options.z_loss));
+  options.reduction = Reduction::none;
+  int64_t block_rows = kDefaultBlockRows, threads = 0;
+  check(args.get_int("block-rows", &block_rows));
+  if (block_rows < 1)
+    throw Failure{"--block-rows: " + std::to_string(block_rows) + " is not >= 1"};
+  check(args.get_int("threads", &threads));
+  if (args.has("threads") && (threads < 1 || threads > 4096))
+    throw Failure{"--threads: " + std::to_string(threads) + " is not in [1, 4096]"};
+  int out_dtype = 0;
+  check(args.get_choice("out-dtype", {"f32", "f64"}, &out_dtype));
+  const Dtype real_out = out_dtype == 0 ? Dtype::f32 : Dtype::f64;
+
+  RunConfig config;
+  config.backend = args.get("backend");
+  if (config.backend.empty()) {
+    const char* env = std::getenv("FLCE_BACKEND");
+    if (env == nullptr || *env == '\0') config.backend = "cpu";
+  }
+  config.gemm = args.get("gemm");
+  config.threads = int(threads);
+
+  Inputs in;
+  open_inputs(args, options, in);
+  in.x.advise_sequential();
+
+  const int64_t N = in.n, H = in.h, B = std::min(block_rows, N);
+  const size_t x_elt = dtype_size(in.x.dtype()), y_elt = dtype_size(in.labels.dtype());
+  // x blocks go to the API straight from the mapping when no rounding is
+  // asked for and the data is aligned to its elements; otherwise each block
+  // is converted (or copied) into one buffer.
+  const bool direct = in.x_storage == in.x.dtype() &&
+                      reinterpret_cast<uintptr_t>(in.x.data()) % x_elt == 0;
+  std::vector<double> x_buffer(direct ? 0 : (size_t(B * H) * dtype_size(in.x_storage) + 7) / 8);
+  const size_t rows = size_t(B);
+  std::vector<double> loss(rows), lse(rows), logprob(rows), entropy(rows);
+  std::vector<int64_t> argmax(rows);
+  std::vector<float> narrow(real_out == Dtype::f32 ? rows : 0);
+
+  Problem p;
+  p.options = options;
+  p.w_layout = in.layout;
+  p.w = view_of(in.w);
+  if (in.has_bias) p.bias = view_of(in.bias);
+
+  // Runs rows [r0, r0 + b) through forward into the block buffers.
+  auto compute = [&](int64_t r0, int64_t b) -> Status {
+    const unsigned char* src = in.x.data() + size_t(r0 * H) * x_elt;
+    const void* x_block = src;
+    if (!direct) {
+      if (in.x_storage == in.x.dtype()) {
+        std::memcpy(x_buffer.data(), src, size_t(b * H) * x_elt);
+      } else {
+        const Tensor from = vector_view(src, in.x.dtype(), b * H);
+        const Tensor to = vector_view(x_buffer.data(), in.x_storage, b * H);
+        for (int64_t i = 0; i < b * H; ++i) store(to, i, load(from, i));
+      }
+      x_block = x_buffer.data();
+    }
+    p.x = matrix_view(x_block, in.x_storage, b, H);
+    p.labels = vector_view(in.labels.data() + size_t(r0) * y_elt, in.labels.dtype(), b);
+    p.loss = vector_view(loss.data(), Dtype::f64, b);
+    p.lse = vector_view(lse.data(), Dtype::f64, b);
+    p.logprob = vector_view(logprob.data(), Dtype::f64, b);
+    p.entropy = vector_view(entropy.data(), Dtype::f64, b);
+    p.argmax = vector_view(argmax.data(), Dtype::i64, b);
+    return forward(p, config);
+  };
+
+  // The first block before any file is created: every error the API can
+  // find (options, dtypes, the backend or GEMM engine) is found here.
+  Status status = compute(0, B);
+  if (!status.ok()) throw Failure{explain_api_error(status.error, args)};
+  const std::string backend = status.backend;
+
+  std::unique_ptr<Outputs> outputs;
+  if (args.has("out")) {
+    catch_interrupts();
+    outputs = std::make_unique<Outputs>(args.get("out"));
+    outputs->create(N, real_out);
+  }
+  auto write_real = [&](io::NpyOutFile& f, int64_t r0, int64_t b, const std::vector<double>& v) {
+    if (real_out == Dtype::f64) return f.write(r0, v.data(), b);
+    for (int64_t i = 0; i < b; ++i) narrow[size_t(i)] = float(v[size_t(i)]);
+    return f.write(r0, narrow.data(), b);
+  };
+
+  Progress progress(::isatty(STDERR_FILENO) == 1 && !args.has("no-progress"), N);
+  Totals t;
+  const Tensor y_all = vector_view(in.labels.data(), in.labels.dtype(), N);
+  for (int64_t r0 = 0; r0 < N; r0 += B) {
+    const int64_t b = std::min(B, N - r0);
+    if (g_signal != 0)
+      throw Failure{"interrupted by signal " + std::to_string(int(g_signal)) + " at row " +
+                    std::to_string(r0) + " of " + std::to_string(N) + "; --out left as it was"};
+    if (r0 > 0) {
+      status = compute(r0, b);
+      if (!status.ok())
+        throw Failure{"rows [" + std::to_string(r0) + ", " + std::to_string(r0 + b) + "): " +
+                      explain_api_error(status.error, args)};
+    }
+    for (int64_t i = 0; i < b; ++i) {
+      const int64_t label = load_int(y_all, r0 + i);
+      if (label == options.ignore_index) {
+        ++t.ignored;
+        continue;
+      }
+      ++t.scored;
+      t.sum_loss += loss[size_t(i)];
+      t.sum_entropy += entropy[size_t(i)];
+      t.correct += argmax[size_t(i)] == label;
+    }
+    t.rows += b;
+    if (outputs) {
+      check(write_real(outputs->logprob(), r0, b, logprob));
+      check(write_real(outputs->entropy(), r0, b, entropy));
+      check(outputs->argmax().write(r0, argmax.data(), b));
+    }
+    in.x.release_before(size_t((r0 + b) * H) * x_elt);
+    in.labels.release_before(size_t(r0 + b) * y_elt);
+    progress.update(r0 + b);
+  }
+  progress.finish(N);
+  if (outputs) outputs->commit();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  print_summary(args, backend, t, seconds);
+  return 0;
+}
+
+}  // namespace
+
+const char* eval_usage() {
+  static const std::string text =
+      "usage: flce eval --x X.npy --w W.npy --labels Y.npy [options] [--out DIR]\n\n"
+      "Evaluates the head over a data set of any size: x and the labels are\n"
+      "memory-mapped and streamed through flce::forward in blocks of --block-rows\n"
+      "rows (memory does not grow with N), W and the bias are loaded once.\n"
+      "Prints, over the S scored rows (label != ignore-index):\n"
+      "  mean loss     (1/S) * sum of loss_i over the scored rows, loss_i the per-token\n"
+      "                loss of `flce run --reduction none` (cross-entropy with label\n"
+      "                smoothing, plus the z-loss term), summed in float64 in row order\n"
+      "  perplexity    exp(mean loss)\n"
+      "  accuracy      the fraction of scored rows whose argmax is the label\n"
+      "  mean entropy  (1/S) * sum of the entropy H_i over the scored rows\n"
+      "and the number of rows, ignored rows and the backend (--json: as one JSON line;\n"
+      "means over S = 0 rows are nan, null in JSON). With --out, writes\n"
+      "DIR/logprob.npy, entropy.npy (every row) and argmax.npy (int64), filled block\n"
+      "by block; nothing is written unless every input is valid and every block\n"
+      "succeeded. A progress bar goes to stderr when it is a terminal.\n\noptions:\n" +
+      describe_flags(eval_flags());
+  return text.c_str();
+}
+
+int eval_command(int argc, char** argv, int first) {
+  Args args;
+  try {
+    check(args.parse(argc, argv, first, eval_flags()));
+    if (args.has("help")) {
+      std::fputs(eval_usage(), stdout);
+      return 0;
+    }
+    return eval(args);
+  } catch (const Failure& f) {
+    std::fprintf(stderr, "flce eval: error: %s\n", f.message.c_str());
+    return 2;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "flce eval: error: out of memory\n");
+    return 2;
+  }
+}
+
+}  // namespace flce::cli
