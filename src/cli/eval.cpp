@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "cli/args.h"
+#include "cli/inputs.h"
 #include "common/tensor_access.h"
 #include "flce/flce.h"
 #include "io/npy.h"
@@ -63,15 +64,6 @@ const std::vector<Flag>& eval_flags() {
   return flags;
 }
 
-// An error for the user: "--flag ...: message".
-struct Failure {
-  std::string message;
-};
-
-void check(const std::string& error) {
-  if (!error.empty()) throw Failure{error};
-}
-
 // "--x X.npy": the flag and its file, the prefix of every input error.
 std::string where(const Args& args, const char* flag) {
   return std::string("--") + flag + " " + args.get(flag);
@@ -83,52 +75,15 @@ std::string shape_repr(const std::vector<int64_t>& shape) {
   return s + (shape.size() == 1 ? ",)" : ")");
 }
 
-// Prefixes an API error with the flag it came from (as `flce run` does).
-std::string explain_api_error(const std::string& error, const Args& args) {
-  static const std::pair<const char*, const char*> table[] = {
-      {"x", "x"}, {"w", "w"}, {"bias", "bias"}, {"labels", "labels"},
-      {"logit_scale", "logit-scale"}, {"softcap", "softcap"},
-      {"label_smoothing", "label-smoothing"}, {"z_loss", "z-loss"},
-      {"backend", "backend"}, {"threads", "threads"}, {"gemm", "gemm"}};
-  const std::string name = error.substr(0, error.find_first_of(" :["));
-  for (auto [api, flag] : table) {
-    if (name != api) continue;
-    std::string prefix = std::string("--") + flag;
-    if (args.has(flag) && args.get(flag).find(".npy") != std::string::npos)
-      prefix += " " + args.get(flag);
-    return prefix + ": " + error;
-  }
-  return error;
-}
-
-const Dtype kStorages[] = {Dtype::f32, Dtype::bf16, Dtype::f16};
-
-// W or bias: read whole, a float array, rounded to --dtype when given.
+// W or bias: read whole, a float array of `ndim` dimensions, rounded to
+// --dtype when given.
 io::NpyArray load_storage(const Args& args, const char* flag, int storage, size_t ndim) {
-  io::NpyArray a;
-  if (auto e = io::read_npy(args.get(flag), &a); !e.empty())
-    throw Failure{std::string("--") + flag + ": " + e};
-  if (!dtype_is_float(a.dtype))
-    throw Failure{where(args, flag) + ": dtype " + dtype_name(a.dtype) +
-                  " is not a float type (float16, float32 or float64)"};
+  io::NpyArray a = cli::load_storage(args, flag, storage);
   if (a.shape.size() != ndim)
     throw Failure{where(args, flag) + ": shape " + shape_repr(a.shape) + " is " +
                   std::to_string(a.shape.size()) + "-D; " + flag + " must be " +
                   (ndim == 2 ? "2-D" : "1-D")};
-  if (storage < 0 || kStorages[storage] == a.dtype) return a;
-  io::NpyArray out;
-  out.dtype = kStorages[storage];
-  out.shape = a.shape;
-  out.bytes.resize(size_t(a.numel()) * dtype_size(out.dtype));
-  const Tensor src = vector_view(a.bytes.data(), a.dtype, a.numel());
-  const Tensor dst = vector_view(out.bytes.data(), out.dtype, out.numel());
-  for (int64_t i = 0; i < a.numel(); ++i) store(dst, i, load(src, i));
-  return out;
-}
-
-Tensor view_of(io::NpyArray& a) {
-  if (a.shape.size() == 2) return matrix_view(a.bytes.data(), a.dtype, a.shape[0], a.shape[1]);
-  return vector_view(a.bytes.data(), a.dtype, a.shape[0]);
+  return a;
 }
 
 // The inputs: x and labels mapped, W and bias in memory.
@@ -137,7 +92,7 @@ struct Inputs {
   io::NpyArray w, bias;
   bool has_bias = false;
   WeightLayout layout = WeightLayout::vh;
-  int storage = -1;           // index into kStorages, -1: as stored
+  int storage = -1;           // index for storage_dtype(), -1: as stored
   Dtype x_storage = Dtype::f32;  // the dtype x blocks are handed over in
   int64_t n = 0, h = 0, v = 0;
   int64_t ignored = 0;        // rows whose label is ignore_index
@@ -162,7 +117,7 @@ void open_inputs(const Args& args, const Options& options, Inputs& in) {
                   "; N and H must be >= 1"};
   in.n = xs[0];
   in.h = xs[1];
-  in.x_storage = in.storage < 0 ? in.x.dtype() : kStorages[in.storage];
+  in.x_storage = in.storage < 0 ? in.x.dtype() : storage_dtype(in.storage);
 
   in.w = load_storage(args, "w", in.storage, 2);
   const bool vh = in.layout == WeightLayout::vh;

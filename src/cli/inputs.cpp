@@ -1,0 +1,115 @@
+#include "cli/inputs.h"
+
+#include <utility>
+
+#include "common/tensor_access.h"
+
+namespace flce::cli {
+namespace {
+
+// The flag each API argument name comes from.
+const char* flag_of(const std::string& api_name) {
+  static const std::pair<const char*, const char*> table[] = {
+      {"x", "x"}, {"w", "w"}, {"bias", "bias"}, {"logits", "logits"}, {"labels", "labels"},
+      {"token_weights", "token-weights"}, {"class_weights", "class-weights"},
+      {"logit_scale", "logit-scale"}, {"softcap", "softcap"},
+      {"label_smoothing", "label-smoothing"}, {"z_loss", "z-loss"},
+      {"grad_loss", "grad-loss"}, {"grad_lse", "grad-lse"}, {"grad_entropy", "grad-entropy"},
+      {"backend", "backend"}, {"threads", "threads"}, {"gemm", "gemm"},
+      {"grad_logits_dtype", "grad-logits"}};
+  for (auto [api, flag] : table)
+    if (api_name == api) return flag;
+  return nullptr;
+}
+
+std::string not_float(const Args& args, const char* flag, Dtype dtype) {
+  return std::string("--") + flag + " " + args.get(flag) + ": dtype " + dtype_name(dtype) +
+         " is not a float type (float16, float32 or float64)";
+}
+
+}  // namespace
+
+void check(const std::string& error) {
+  if (!error.empty()) throw Failure{error};
+}
+
+std::string explain_api_error(const std::string& error, const Args& args) {
+  const char* flag = flag_of(error.substr(0, error.find_first_of(" :[")));
+  if (flag == nullptr) return error;
+  std::string where = std::string("--") + flag;
+  if (args.has(flag) && args.get(flag).find(".npy") != std::string::npos) {
+    where += ' ';
+    where += args.get(flag);
+  }
+  where += ": ";
+  return where + error;
+}
+
+Dtype storage_dtype(int index) {
+  static const Dtype storages[] = {Dtype::f32, Dtype::bf16, Dtype::f16};
+  return storages[index];
+}
+
+io::NpyArray make_array(Dtype dtype, std::vector<int64_t> shape) {
+  io::NpyArray a;
+  a.dtype = dtype;
+  a.shape = std::move(shape);
+  a.bytes.assign(size_t(a.numel()) * dtype_size(dtype), 0);
+  return a;
+}
+
+io::NpyArray convert(const io::NpyArray& a, Dtype dtype) {
+  io::NpyArray out = make_array(dtype, a.shape);
+  const Tensor src = vector_view(a.bytes.data(), a.dtype, a.numel());
+  const Tensor dst = vector_view(out.bytes.data(), dtype, a.numel());
+  for (int64_t i = 0; i < a.numel(); ++i) store(dst, i, load(src, i));
+  return out;
+}
+
+Tensor view_of(io::NpyArray& a) {
+  Tensor t;
+  t.data = a.bytes.data();
+  t.dtype = a.dtype;
+  t.ndim = int(a.shape.size());
+  int64_t stride = 1;
+  for (int d = t.ndim - 1; d >= 0 && d < 2; --d) {
+    t.shape[d] = a.shape[d];
+    t.stride[d] = stride;
+    stride *= a.shape[d];
+  }
+  return t;
+}
+
+io::NpyArray load_npy(const Args& args, const char* flag) {
+  io::NpyArray a;
+  if (auto e = io::read_npy(args.get(flag), &a); !e.empty())
+    throw Failure{std::string("--") + flag + ": " + e};
+  if (a.shape.size() > 2)
+    throw Failure{std::string("--") + flag + " " + args.get(flag) + ": " +
+                  std::to_string(a.shape.size()) + "-D array; flce takes 0-D, 1-D or 2-D arrays"};
+  return a;
+}
+
+io::NpyArray load_storage(const Args& args, const char* flag, int storage) {
+  io::NpyArray a = load_npy(args, flag);
+  if (!dtype_is_float(a.dtype)) throw Failure{not_float(args, flag, a.dtype)};
+  if (storage < 0 || storage_dtype(storage) == a.dtype) return a;
+  return convert(a, storage_dtype(storage));
+}
+
+io::NpyArray load_real(const Args& args, const char* flag) {
+  io::NpyArray a = load_npy(args, flag);
+  if (!dtype_is_float(a.dtype)) throw Failure{not_float(args, flag, a.dtype)};
+  if (a.dtype == Dtype::f16) a = convert(a, Dtype::f32);
+  return a;
+}
+
+io::NpyArray load_labels(const Args& args) {
+  io::NpyArray a = load_npy(args, "labels");
+  if (a.dtype != Dtype::i32 && a.dtype != Dtype::i64)
+    throw Failure{"--labels " + args.get("labels") + ": dtype " + dtype_name(a.dtype) +
+                  "; labels must be int32 or int64"};
+  return a;
+}
+
+}  // namespace flce::cli

@@ -1,0 +1,42 @@
+// What `flce run` and `flce eval` share: user-facing failures, pointing API
+// errors at the flag they came from, and reading .npy inputs.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "cli/args.h"
+#include "flce/tensor.h"
+#include "io/npy.h"
+
+namespace flce::cli {
+
+// An error for the user, printed as "flce <command>: error: <message>".
+struct Failure {
+  std::string message;
+};
+void check(const std::string& error);  // throws Failure unless empty
+
+// Prefixes an API error ("softcap = -1: ...") with the flag it came from
+// and, for files, the file: "--softcap: softcap = -1: ...".
+std::string explain_api_error(const std::string& error, const Args& args);
+
+// The storage dtypes of --dtype, by index (f32, bf16, f16); -1 = as stored.
+Dtype storage_dtype(int index);
+
+io::NpyArray make_array(Dtype dtype, std::vector<int64_t> shape);
+// A copy of `a` with every element converted (rounded) to `dtype`.
+io::NpyArray convert(const io::NpyArray& a, Dtype dtype);
+// A contiguous view of a 0-D, 1-D or 2-D array.
+Tensor view_of(io::NpyArray& a);
+
+// The file of --flag, 0-D to 2-D.
+io::NpyArray load_npy(const Args& args, const char* flag);
+// x, W, bias or logits: a float array, rounded to --dtype (index `storage`) when given.
+io::NpyArray load_storage(const Args& args, const char* flag, int storage);
+// Weights and cotangents: float32 or float64 as given; float16 widened exactly.
+io::NpyArray load_real(const Args& args, const char* flag);
+// Labels: int32 or int64.
+io::NpyArray load_labels(const Args& args);
+
+}  // namespace flce::cli
