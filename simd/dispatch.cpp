@@ -24,11 +24,32 @@ const KernelSet& scalar_kernels() {
   return set;
 }
 
+#if defined(FLCE_SIMD_HAVE_AVX2) || defined(FLCE_SIMD_HAVE_AVX512)
+namespace {
+
+// __builtin_cpu_init first: these may run from another TU's static
+// initializer, before libgcc's constructor. GCC's __builtin_cpu_supports
+// also checks XCR0, i.e. that the OS saves the ymm / zmm and mask state.
+bool cpu_has_avx2_fma() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+bool cpu_has_avx512_fbwvldq() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("fma");
+}
+
+}  // namespace
+#endif
+
 const KernelSet* avx2_kernels() {
 #if defined(FLCE_SIMD_HAVE_AVX2)
   static const KernelSet set{"avx2", 8, f32_exp__avx2, f32_scores__avx2,
                              f32_online_softmax__avx2, f32_dlogits__avx2};
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  static const bool ok = cpu_has_avx2_fma();
   return ok ? &set : nullptr;
 #else
   return nullptr;
@@ -39,10 +60,7 @@ const KernelSet* avx512_kernels() {
 #if defined(FLCE_SIMD_HAVE_AVX512)
   static const KernelSet set{"avx512", 16, f32_exp__avx512, f32_scores__avx512,
                              f32_online_softmax__avx512, f32_dlogits__avx512};
-  // GCC's __builtin_cpu_supports checks XCR0 (the OS saves the zmm state) too.
-  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-                         __builtin_cpu_supports("fma");
+  static const bool ok = cpu_has_avx512_fbwvldq();
   return ok ? &set : nullptr;
 #else
   return nullptr;

@@ -18,14 +18,24 @@ constexpr float kExpC3 = 0x1.5553c2p-3f;
 constexpr float kExpC4 = 0x1.55515ep-5f;
 constexpr float kExpC5 = 0x1.12903ep-7f;
 constexpr float kExpC6 = 0x1.709b64p-10f;
-// Clamp range: exp(88.75) > FLT_MAX rounds to +inf; exp(-104) < 2^-150
-// rounds to 0. Clamped with NaN-propagating min/max, so NaN stays NaN and
-// -inf gives 0.
+// Range: x is clamped to [kExpLo, kExpHi] with NaN-propagating min/max, so
+// NaN stays NaN. exp(88.75) > FLT_MAX: the product p 2^n overflows to +inf
+// exactly where a correctly rounded exp would; exp(-104) < 2^-150 rounds to
+// +0, so -inf gives +0. Results below FLT_MIN = 2^-126 (x < -87.3365) are
+// subnormal, rounded once, as a correctly rounded exp would; the x86 sets
+// build them without any subnormal floating-point operation (x86 cores take a
+// microcode assist on each subnormal result: ~10x slower for AVX2 on Zen 5).
 constexpr float kExpHi = 88.75f;
 constexpr float kExpLo = -104.0f;
 // 1.5 * 2^23: x log2e + kRound rounds x log2e to an integer n held in the
 // low mantissa bits (|n| < 2^22).
 constexpr float kRound = 0x1.8p23f;
+// The same with the exponent bias 127 added: for n + 127 in [1, 254] the
+// low 9 bits of the sum are n + 127, so shifting its bits left by 23 gives
+// the bits of 2^n. Used where |x| <= kExpFast, which keeps n in [-126, 126]
+// and p 2^n normal (the fast path; the rest takes the full path).
+constexpr float kRoundBiased = 0x1.8p23f + 127.0f;
+constexpr float kExpFast = 87.0f;
 
 // tanh(x) for |x| < kTanhSmall: x + x^3 (t0 + y (t1 + ... + y t4)), y = x^2,
 // minimax for relative error on [0, 0.625] (own Remez), 4.4e-9 = 0.04 ulp.

@@ -69,9 +69,9 @@ struct Acc {
 };
 
 // One vector of terms; masked-off tail lanes arrive as s = -inf, c = 0, and
-// `m` (all ones in the body) keeps them out of sum_cs.
-template <bool kClassW>
-inline void accumulate(Acc& acc, __m256 x, __m256 c, __m256 shift, __m256 m) {
+// `m` keeps them out of sum_cs (kTail only).
+template <bool kClassW, bool kTail = false>
+inline void accumulate(Acc& acc, __m256 x, __m256 c, __m256 shift, __m256 m = __m256()) {
   const __m256 e = exp_ps(_mm256_sub_ps(x, shift));
   acc.se = _mm256_add_ps(acc.se, e);
   // e * max(s, -FLT_MAX): e == 0 exactly where s = -inf, so no 0 * inf.
@@ -80,7 +80,7 @@ inline void accumulate(Acc& acc, __m256 x, __m256 c, __m256 shift, __m256 m) {
     const __m256 nz = _mm256_cmp_ps(c, _mm256_setzero_ps(), _CMP_NEQ_UQ);
     acc.scs = _mm256_add_ps(acc.scs, _mm256_and_ps(nz, _mm256_mul_ps(c, x)));
   } else {
-    acc.scs = _mm256_add_ps(acc.scs, _mm256_and_ps(m, x));
+    acc.scs = _mm256_add_ps(acc.scs, kTail ? _mm256_and_ps(m, x) : x);
   }
 }
 
@@ -88,23 +88,22 @@ template <bool kClassW>
 void sums(const float* s, const float* class_w, int64_t n, float shift_f, float* out) {
   const __m256 shift = splat(shift_f);
   const __m256 zero = _mm256_setzero_ps();
-  const __m256 all = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
   Acc a0{zero, zero, zero}, a1{zero, zero, zero};
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
     accumulate<kClassW>(a0, _mm256_loadu_ps(s + i), kClassW ? _mm256_loadu_ps(class_w + i) : zero,
-                        shift, all);
+                        shift);
     accumulate<kClassW>(a1, _mm256_loadu_ps(s + i + 8),
-                        kClassW ? _mm256_loadu_ps(class_w + i + 8) : zero, shift, all);
+                        kClassW ? _mm256_loadu_ps(class_w + i + 8) : zero, shift);
   }
   if (i + 8 <= n) {
     accumulate<kClassW>(a0, _mm256_loadu_ps(s + i), kClassW ? _mm256_loadu_ps(class_w + i) : zero,
-                        shift, all);
+                        shift);
     i += 8;
   }
   if (i < n) {
     const __m256i m = tail_mask(n - i);
-    accumulate<kClassW>(a1, load_tail_ninf(s + i, m),
+    accumulate<kClassW, true>(a1, load_tail_ninf(s + i, m),
                         kClassW ? _mm256_maskload_ps(class_w + i, m) : zero, shift,
                         _mm256_castsi256_ps(m));
   }

@@ -34,21 +34,49 @@ inline __m256 pow2i(__m256i n) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23));
 }
 
-// exp(x), within ~1 ulp over the whole range with gradual underflow: after
-// the clamp n is in [-150, 128], applied as 2^(n - n/2) * 2^(n/2), two normal
-// factors, so p * 2^n is rounded once (to a subnormal, 0 or inf as due).
-inline __m256 exp_ps(__m256 x) {
+// exp(x) over the whole range: clamped, n in [-150, 128].
+//  n >= -125: (p + p) 2^(n-1), one normal factor (n - 1 in [-126, 127]),
+//    rounded once (to +inf where due); p + p is exact.
+//  n <= -126: the result is subnormal (or just normal); its bits are the
+//    integer round(p 2^(n+149)): p 2^(n+149) is an exact product of normal
+//    numbers and cvtps2dq rounds it once, to nearest even, on the subnormal
+//    grid (an integer of 2^23 or more is the right normal number).
+// No operation sees a subnormal. NaN lanes take the first branch.
+inline __m256 exp_full(__m256 x) {
   using namespace vmath;
+  const __m256 ordered = _mm256_cmp_ps(x, x, _CMP_ORD_Q);
   x = _mm256_max_ps(splat(kExpLo), x);  // maxps returns the 2nd operand on NaN
   x = _mm256_min_ps(splat(kExpHi), x);
   const __m256 t = _mm256_fmadd_ps(x, splat(kLog2e), splat(kRound));
   const __m256 n = _mm256_sub_ps(t, splat(kRound));
   __m256 r = _mm256_fnmadd_ps(n, splat(kLn2Hi), x);
   r = _mm256_fnmadd_ps(n, splat(kLn2Lo), r);
+  const __m256 p = exp_poly(r);
   const __m256i ni = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_castps_si256(splat(kRound)));
-  const __m256i n1 = _mm256_srai_epi32(ni, 1);
-  const __m256i n2 = _mm256_sub_epi32(ni, n1);
-  return _mm256_mul_ps(_mm256_mul_ps(exp_poly(r), pow2i(n1)), pow2i(n2));
+  const __m256i nn = _mm256_max_epi32(ni, _mm256_set1_epi32(-125));
+  const __m256 y = _mm256_mul_ps(_mm256_add_ps(p, p), pow2i(_mm256_sub_epi32(nn, _mm256_set1_epi32(1))));
+  const __m256i ns = _mm256_min_epi32(ni, _mm256_set1_epi32(-126));
+  const __m256 scaled = _mm256_mul_ps(p, pow2i(_mm256_add_epi32(ns, _mm256_set1_epi32(149))));
+  const __m256 ys = _mm256_castsi256_ps(_mm256_cvtps_epi32(scaled));
+  const __m256 sub = _mm256_and_ps(ordered, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(-125), ni)));
+  return _mm256_blendv_ps(y, ys, sub);
+}
+
+// exp(x), within 1.2 ulp everywhere (subnormal results included), +inf
+// above ~88.72, exp(-inf) = +0, NaN -> NaN. Where every |x| <= kExpFast (or
+// NaN), n is in [-126, 126], p 2^n is normal and 2^n is one normal factor
+// whose bits come straight from the rounding constant; otherwise exp_full.
+// Both round p 2^n once, so a lane's result does not depend on the path.
+inline __m256 exp_ps(__m256 x) {
+  using namespace vmath;
+  const __m256 big = _mm256_cmp_ps(_mm256_andnot_ps(splat(-0.0f), x), splat(kExpFast), _CMP_GT_OQ);
+  if (__builtin_expect(!_mm256_testz_ps(big, big), 0)) return exp_full(x);
+  const __m256 t = _mm256_fmadd_ps(x, splat(kLog2e), splat(kRoundBiased));
+  const __m256 n = _mm256_sub_ps(t, splat(kRoundBiased));
+  __m256 r = _mm256_fnmadd_ps(n, splat(kLn2Hi), x);
+  r = _mm256_fnmadd_ps(n, splat(kLn2Lo), r);
+  const __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(t), 23));
+  return _mm256_mul_ps(exp_poly(r), scale);
 }
 
 // tanh(x): odd polynomial below kTanhSmall, em1 / (em1 + 2) above, where the

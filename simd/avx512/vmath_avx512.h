@@ -36,12 +36,36 @@ inline __m512 exp_poly(__m512 r) {
   return _mm512_fmadd_ps(p, r, splat(1.0f));
 }
 
-// exp(x), within ~1 ulp over the whole range with gradual underflow:
-// vscalefps computes p * 2^n with one rounding, saturating to inf / 0.
-inline __m512 exp_ps(__m512 x) {
+// exp(x) over the whole range: clamped, n in [-150, 128]. Where p 2^n is
+// normal or overflows, vscalefps rounds it once. Where it is subnormal
+// (n <= -126) the result's bits are the integer round(p 2^(n+149)): p 2^(n+149)
+// is an exact product of normal numbers and cvtps2dq rounds it once, to
+// nearest even, on the subnormal grid (an integer of 2^23 or more is the
+// right normal number), so no operation sees a subnormal.
+inline __m512 exp_full(__m512 x) {
   using namespace vmath;
   x = _mm512_max_ps(splat(kExpLo), x);  // maxps returns the 2nd operand on NaN
   x = _mm512_min_ps(splat(kExpHi), x);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, splat(kLog2e)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, splat(kLn2Hi), x);
+  r = _mm512_fnmadd_ps(n, splat(kLn2Lo), r);
+  const __m512 p = exp_poly(r);
+  const __mmask16 sub = _mm512_cmp_ps_mask(n, splat(-125.5f), _CMP_LT_OQ);  // not NaN
+  const __m512 y = _mm512_maskz_scalef_ps(__mmask16(~sub), p, n);
+  const __m512 scaled = _mm512_maskz_scalef_ps(sub, p, _mm512_add_ps(n, splat(149.0f)));
+  return _mm512_mask_mov_ps(y, sub, _mm512_castsi512_ps(_mm512_maskz_cvtps_epi32(sub, scaled)));
+}
+
+// exp(x), within 1.2 ulp everywhere (subnormal results included), +inf
+// above ~88.72, exp(-inf) = +0, NaN -> NaN. Where every |x| <= kExpFast (or
+// NaN) n is in [-126, 126] and p 2^n is normal: no clamps; otherwise
+// exp_full. Both round p 2^n once, so a lane's result does not depend on the
+// path taken.
+inline __m512 exp_ps(__m512 x) {
+  using namespace vmath;
+  if (__builtin_expect(_mm512_cmp_ps_mask(_mm512_abs_ps(x), splat(kExpFast), _CMP_GT_OQ) != 0, 0))
+    return exp_full(x);
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, splat(kLog2e)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, splat(kLn2Hi), x);

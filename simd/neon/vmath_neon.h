@@ -28,9 +28,11 @@ inline float32x4_t pow2i(int32x4_t n) {
   return vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(n, vdupq_n_s32(127)), 23));
 }
 
-// exp(x), within ~1 ulp over the whole range with gradual underflow (see the
-// AVX2 version: n in [-150, 128] applied as two normal factors).
-inline float32x4_t exp_ps(float32x4_t x) {
+// exp(x) over the whole range: clamped, n in [-150, 128] applied as
+// 2^(n - n/2) 2^(n/2), two normal factors, so p 2^n is rounded once (to a
+// subnormal, 0 or +inf as due). AArch64 cores handle subnormal results at
+// full speed, so no detour as in the x86 sets.
+inline float32x4_t exp_full(float32x4_t x) {
   using namespace vmath;
   x = vmaxq_f32(x, splat(kExpLo));  // FMAX/FMIN propagate NaN
   x = vminq_f32(x, splat(kExpHi));
@@ -42,6 +44,22 @@ inline float32x4_t exp_ps(float32x4_t x) {
   const int32x4_t n1 = vshrq_n_s32(ni, 1);
   const int32x4_t n2 = vsubq_s32(ni, n1);
   return vmulq_f32(vmulq_f32(exp_poly(r), pow2i(n1)), pow2i(n2));
+}
+
+// exp(x), within 1.2 ulp everywhere (subnormal results included), +inf
+// above ~88.72, exp(-inf) = +0, NaN -> NaN. Where every |x| <= kExpFast (or
+// NaN), one normal 2^n factor from the bits of the rounding constant;
+// otherwise exp_full. Both round p 2^n once, so a lane's result does not
+// depend on the path.
+inline float32x4_t exp_ps(float32x4_t x) {
+  using namespace vmath;
+  if (__builtin_expect(vmaxvq_u32(vcagtq_f32(x, splat(kExpFast))) != 0, 0)) return exp_full(x);
+  const float32x4_t t = vfmaq_f32(splat(kRoundBiased), x, splat(kLog2e));
+  const float32x4_t n = vsubq_f32(t, splat(kRoundBiased));
+  float32x4_t r = vfmsq_f32(x, n, splat(kLn2Hi));
+  r = vfmsq_f32(r, n, splat(kLn2Lo));
+  const float32x4_t scale = vreinterpretq_f32_s32(vshlq_n_s32(vreinterpretq_s32_f32(t), 23));
+  return vmulq_f32(exp_poly(r), scale);
 }
 
 // tanh(x): odd polynomial below kTanhSmall, em1 / (em1 + 2) above, where the
