@@ -51,7 +51,7 @@ torch = pytest.importorskip(
     reason="torch missing: run with /usr/bin/python3 (apt python3-torch)")
 
 from test_run_vs_torch import (  # noqa: E402
-    Case, _expected_shapes, _fmt, _make_data, _storage_round, assert_close,
+    Case, _expected_shapes, _fmt, _make_data, _storage_round, assert_close, flce_command,
     reference)
 
 RTOL_CPU = 2e-4           # f32 dlogits (and every forward output)
@@ -229,52 +229,12 @@ CASES = _targeted_cases() + _engine_cases() + _random_cases()
 # --------------------------------------------------------------------------
 
 def _cpu_command(flce_bin, case, files, out_dir, out_dtype):
-    cmd = [flce_bin, "run"]
-    if case.logits_entry:
-        cmd += ["--logits", files["logits"]]
-    else:
-        cmd += ["--x", files["x"], "--w", files["w"]]
-        if "bias" in files:
-            cmd += ["--bias", files["bias"]]
-        if case.layout is not None:
-            cmd += ["--w-layout", case.layout]
-    cmd += ["--labels", files["labels"]]
-    if "token_weights" in files:
-        cmd += ["--token-weights", files["token_weights"]]
-    if "class_weights" in files:
-        cmd += ["--class-weights", files["class_weights"]]
-    if case.dtype is not None:
-        cmd += ["--dtype", case.dtype]
-    if case.scale is not None:
-        cmd += ["--logit-scale", _fmt(case.scale)]
-    if case.softcap is not None:
-        cmd += ["--softcap", _fmt(case.softcap)]
-    if case.ignore_index is not None:
-        cmd += ["--ignore-index", str(case.ignore_index)]
-    if case.smoothing is not None:
-        cmd += ["--label-smoothing", _fmt(case.smoothing)]
-    if case.zloss is not None:
-        cmd += ["--z-loss", _fmt(case.zloss)]
-    if case.reduction is not None:
-        cmd += ["--reduction", case.reduction]
-    if case.grad:
-        cmd += ["--grad"]
-        for key, flag in (("grad_loss", "--grad-loss"),
-                          ("grad_lse", "--grad-lse"),
-                          ("grad_entropy", "--grad-entropy")):
-            if key in files:
-                cmd += [flag, files[key]]
+    extra = []
     if case.grad_logits is not None:
-        cmd += ["--grad-logits", case.grad_logits]
-    cmd += ["--backend", "cpu"]
+        extra += ["--grad-logits", case.grad_logits]
     if case.gemm is not None:
-        cmd += ["--gemm", case.gemm]
-    if case.threads is not None:
-        cmd += ["--threads", str(case.threads)]
-    if out_dtype is not None:
-        cmd += ["--out-dtype", out_dtype]
-    cmd += ["--out", str(out_dir)]
-    return cmd
+        extra += ["--gemm", case.gemm]
+    return flce_command(flce_bin, case, files, out_dir, out_dtype, backend="cpu", extra=extra)
 
 
 _NOT_COMPILED = re.compile(r"not a GEMM engine compiled into this build")

@@ -445,13 +445,8 @@ def _fmt(v):
     return repr(float(v))
 
 
-def run_flce(flce_bin, case, d, tmp_path, out_dtype="f64"):
-    files = {}
-    for key, arr in d.items():
-        path = tmp_path / f"{key}.npy"
-        np.save(path, arr)
-        files[key] = str(path)
-    out_dir = tmp_path / "out"
+def flce_command(flce_bin, case, files, out_dir, out_dtype, backend="reference", extra=()):
+    """The `flce run` command line of `case`, its inputs in `files`."""
     cmd = [flce_bin, "run"]
     if case.logits_entry:
         cmd += ["--logits", files["logits"]]
@@ -487,12 +482,23 @@ def run_flce(flce_bin, case, d, tmp_path, out_dtype="f64"):
                           ("grad_entropy", "--grad-entropy")):
             if key in files:
                 cmd += [flag, files[key]]
-    cmd += ["--backend", "reference"]
+    cmd += ["--backend", backend, *extra]
     if case.threads is not None:
         cmd += ["--threads", str(case.threads)]
     if out_dtype is not None:
         cmd += ["--out-dtype", out_dtype]
     cmd += ["--out", str(out_dir)]
+    return cmd
+
+
+def run_flce(flce_bin, case, d, tmp_path, out_dtype="f64"):
+    files = {}
+    for key, arr in d.items():
+        path = tmp_path / f"{key}.npy"
+        np.save(path, arr)
+        files[key] = str(path)
+    out_dir = tmp_path / "out"
+    cmd = flce_command(flce_bin, case, files, out_dir, out_dtype)
 
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     report = (f"command: {' '.join(cmd)}\nexit code: {proc.returncode}\n"
