@@ -51,7 +51,7 @@ torch = pytest.importorskip(
     reason="torch missing: run with /usr/bin/python3 (apt python3-torch)")
 
 from test_run_vs_torch import (  # noqa: E402
-    Case, _expected_shapes, _fmt, _make_data, _storage_round, assert_close, flce_command,
+    Case, _expected_shapes, _make_data, _storage_round, assert_close, flce_command,
     reference)
 
 RTOL_CPU = 2e-4           # f32 dlogits (and every forward output)
