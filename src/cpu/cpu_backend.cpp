@@ -11,6 +11,7 @@
 #include <cstring>
 #include <string>
 
+#include "common/loss_terms.h"
 #include "common/tensor_access.h"
 #include "cpu/plan.h"
 #include "cpu/steps.h"
@@ -26,19 +27,14 @@ std::string dtype_str(Dtype d) { return dtype_name(d); }
 // Copies of the class weights and bias in f32, C and D (README, Semantics).
 cpu::Context prepare(const Problem& p, const Plan& plan, const Workspace& ws) {
   const int64_t V = plan.d.v;
-  double class_sum = 0, denom = 0;
+  double class_sum = 0;
   for (int64_t j = 0; j < V; ++j) {
     const double c_j = p.class_weights.present() ? load(p.class_weights, j) : 1.0;
     if (ws.class_w) ws.class_w[j] = float(c_j);
     if (ws.bias) ws.bias[j] = float(load(p.bias, j));
     class_sum += c_j;
   }
-  for (int64_t i = 0; i < plan.d.n; ++i) {
-    const int64_t y = load_int(p.labels, i);
-    if (y == p.options.ignore_index) continue;
-    const double t_i = p.token_weights.present() ? load(p.token_weights, i) : 1.0;
-    denom += t_i * (p.class_weights.present() ? load(p.class_weights, y) : 1.0);
-  }
+  const double denom = mean_denominator(p, plan.d.n);
   if (ws.grad_w_acc) std::fill_n(ws.grad_w_acc, V * plan.d.h, 0.0f);
   if (plan.grad_w_in_place) {
     const Tensor g = p.grad_w;
@@ -55,10 +51,7 @@ void finish(const cpu::Context& c) {
   const Problem& p = c.p;
   const Plan& plan = c.plan;
   if (plan.pass != Pass::backward && p.options.reduction != Reduction::none) {
-    double total = 0;
-    for (int64_t i = 0; i < plan.d.n; ++i) total += c.ws.row_loss[i];
-    if (p.options.reduction == Reduction::mean) total = c.denom == 0 ? 0.0 : total / c.denom;
-    store(p.loss, 0, total);
+    store(p.loss, 0, reduce_loss(p, c.ws.row_loss, plan.d.n, c.denom));
   }
   if (c.ws.grad_w_acc) {
     const Tensor g = w_as_vh(p.grad_w, p.w_layout);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "common/loss_terms.h"
 #include "common/tensor_access.h"
 #include "cpu/operands.h"
 
@@ -97,18 +98,6 @@ double weighted_mean_score(const simd::SoftmaxState* st, int64_t tiles, double l
   return sbar;
 }
 
-double loss_cotangent(const Context& c, int64_t i) {
-  const Problem& p = c.p;
-  switch (p.options.reduction) {
-    case Reduction::none: return p.grad_loss.present() ? load(p.grad_loss, i) : 1.0;
-    case Reduction::sum: return p.grad_loss.present() ? load(p.grad_loss) : 1.0;
-    case Reduction::mean:
-      if (c.denom == 0) return 0.0;
-      return (p.grad_loss.present() ? load(p.grad_loss) : 1.0) / c.denom;
-  }
-  return 0.0;
-}
-
 double lse_of(const Merged& m) {
   if (m.first_nan >= 0) return NAN;
   if (m.max == INFINITY) return INFINITY;   // as torch.logsumexp
@@ -138,7 +127,7 @@ void merge_rows(const Context& c, int64_t i0, int64_t rows) {
     const double c_y = info.ignored ? 0.0 : (c.ws.class_w ? c.ws.class_w[info.y] : 1.0);
     if (!info.ignored) info.s_y = c.ws.scores[r * plan.d.v + info.y];
     if (plan.pass != Pass::forward) {
-      info.g_loss = info.ignored ? 0.0 : loss_cotangent(c, i) * t_i;
+      info.g_loss = info.ignored ? 0.0 : loss_cotangent(c.p, c.denom, i) * t_i;
       info.g_lse = p.grad_lse.present() ? load(p.grad_lse, i) : 0.0;
       info.g_ent = p.grad_entropy.present() ? load(p.grad_entropy, i) : 0.0;
     }

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "common/loss_terms.h"
 #include "common/tensor_access.h"
 #include "validate.h"
 
@@ -180,19 +181,6 @@ void write_row_outputs(const Context& c, const RowStats& st, int64_t i, double l
   if (p.loss.present() && p.options.reduction == Reduction::none) store(p.loss, i, loss_i);
 }
 
-// The cotangent of loss_i: grad_loss (ones if absent), divided by D for mean.
-double loss_cotangent(const Context& c, int64_t i) {
-  const Problem& p = c.p;
-  switch (p.options.reduction) {
-    case Reduction::none: return p.grad_loss.present() ? load(p.grad_loss, i) : 1.0;
-    case Reduction::sum: return p.grad_loss.present() ? load(p.grad_loss) : 1.0;
-    case Reduction::mean:
-      if (c.denom == 0) return 0.0;  // mean is 0 and so is its gradient
-      return (p.grad_loss.present() ? load(p.grad_loss) : 1.0) / c.denom;
-  }
-  return 0.0;
-}
-
 // Overwrites the row's scores s_ij with G_ij = d objective / d(x_i . W_j + b_j):
 //   d loss_i/ds_ij = t_i [(1-e) c_y (p_ij - [j=y]) + (e/V)(C p_ij - c_j) + 2 l lse_i p_ij]
 //   d lse_i/ds_ij  = p_ij
@@ -200,7 +188,7 @@ double loss_cotangent(const Context& c, int64_t i) {
 //   ds/dz = 1 - (s/k)^2 (softcap),  dz/d(x.W + b) = a.
 void scores_to_grad(const Context& c, double* s, const RowStats& st, int64_t i, int64_t y) {
   const Problem& p = c.p;
-  const double g_loss = ignored(c, y) ? 0.0 : loss_cotangent(c, i) * token_weight(c, i);
+  const double g_loss = ignored(c, y) ? 0.0 : loss_cotangent(c.p, c.denom, i) * token_weight(c, i);
   const double g_lse = p.grad_lse.present() ? load(p.grad_lse, i) : 0.0;
   const double g_ent = p.grad_entropy.present() ? load(p.grad_entropy, i) : 0.0;
   const double c_y = ignored(c, y) ? 0.0 : c.class_w[y];
@@ -285,20 +273,14 @@ Context make_context(const Problem& p, Pass pass, const RunConfig& config, const
     s.class_w[j] = p.class_weights.present() ? load(p.class_weights, j) : 1.0;
     c.class_sum += s.class_w[j];
   }
-  for (int64_t i = 0; i < c.d.n; ++i) {
-    const int64_t y = load_int(p.labels, i);
-    if (!ignored(c, y)) c.denom += token_weight(c, i) * s.class_w[y];
-  }
+  c.denom = mean_denominator(p, c.d.n);
   return c;
 }
 
 void write_final(const Context& c, const Scratch& s) {
   const Problem& p = c.p;
   if (c.pass != Pass::backward && p.options.reduction != Reduction::none) {
-    double total = 0;
-    for (int64_t i = 0; i < c.d.n; ++i) total += s.row_loss[i];
-    if (p.options.reduction == Reduction::mean) total = c.denom == 0 ? 0.0 : total / c.denom;
-    store(p.loss, 0, total);
+    store(p.loss, 0, reduce_loss(p, s.row_loss, c.d.n, c.denom));
   }
   const Tensor grad_w = w_as_vh(p.grad_w, p.w_layout);
   if (s.grad_w_acc)
