@@ -1,0 +1,97 @@
+#!/usr/bin/python3
+"""Turns flce_benchmarks' JSON into a Markdown table and a PNG chart.
+
+    build/bench/flce_benchmarks --benchmark_format=json > bench.json
+    /usr/bin/python3 bench/report.py bench.json --markdown bench.md --png bench.png
+
+The table has one row per flce benchmark (shape, dtype, pass, threads):
+time per pass, tokens/s, GFLOP/s (2NHV forward, 6NHV backward and step),
+the ratio to the GEMMs the pass cannot avoid (timed in the same run), and
+the backend's workspace. The chart shows the fraction of the GEMM roofline
+each pass reaches (1 / ratio_to_gemm) per shape, at the largest thread
+count in the file. Needs Debian's python3-matplotlib for the chart only.
+"""
+import argparse
+import json
+import re
+import sys
+
+NAME = re.compile(r"^flce/(?P<shape>S\d)/(?P<dtype>\w+)/(?P<pass_>\w+)/threads:(?P<threads>\d+)")
+
+
+def rows_of(report):
+    rows = []
+    for b in report["benchmarks"]:
+        m = NAME.match(b["name"])
+        if not m or b.get("error_occurred"):
+            continue
+        to_ms = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}[b["time_unit"]]
+        rows.append({
+            "shape": m["shape"], "dtype": m["dtype"], "pass": m["pass_"],
+            "threads": int(m["threads"]), "ms": b["real_time"] * to_ms,
+            "tokens_per_s": b["items_per_second"], "gflops": b["FLOPS"] * 1e-9,
+            "ratio": b["ratio_to_gemm"], "workspace_mb": b["peak_extra_bytes"] / 2**20,
+        })
+    return rows
+
+
+def markdown(rows, context):
+    out = [f"Machine: {context.get('num_cpus')} CPUs, {context.get('host_name')}, "
+           f"load average {context.get('load_avg')}, {context.get('date')}.", "",
+           "| shape | dtype | pass | threads | ms | tokens/s | GFLOP/s | ratio to GEMM | workspace MiB |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['shape']} | {r['dtype']} | {r['pass']} | {r['threads']} | {r['ms']:.1f} | "
+                   f"{r['tokens_per_s']:.0f} | {r['gflops']:.1f} | {r['ratio']:.3f} | "
+                   f"{r['workspace_mb']:.1f} |")
+    return "\n".join(out) + "\n"
+
+
+def chart(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    threads = max(r["threads"] for r in rows)
+    series = sorted({(r["dtype"], r["pass"]) for r in rows if r["threads"] == threads})
+    shapes = sorted({r["shape"] for r in rows})
+    width = 0.8 / max(1, len(series))
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for k, (dtype, pass_) in enumerate(series):
+        values = []
+        for s in shapes:
+            hit = [r for r in rows if (r["shape"], r["dtype"], r["pass"], r["threads"]) ==
+                   (s, dtype, pass_, threads)]
+            values.append(1.0 / hit[0]["ratio"] if hit else 0.0)
+        ax.bar([i + k * width for i in range(len(shapes))], values, width, label=f"{dtype} {pass_}")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([i + width * (len(series) - 1) / 2 for i in range(len(shapes))], shapes)
+    ax.set_ylabel("fraction of the GEMM roofline")
+    ax.set_title(f"flce cpu backend, {threads} thread(s)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("json", help="output of flce_benchmarks --benchmark_format=json")
+    parser.add_argument("--markdown", help="write the table here (default: stdout)")
+    parser.add_argument("--png", help="write the chart here")
+    args = parser.parse_args()
+    with open(args.json) as f:
+        report = json.load(f)
+    rows = rows_of(report)
+    if not rows:
+        sys.exit(f"report.py: {args.json} holds no flce/... benchmarks")
+    table = markdown(rows, report.get("context", {}))
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(table)
+    else:
+        sys.stdout.write(table)
+    if args.png:
+        chart(rows, args.png)
+
+
+if __name__ == "__main__":
+    main()
