@@ -23,7 +23,7 @@ Status run_pass(const Problem& problem, Pass pass, const RunConfig& config) {
   const size_t need = backend->workspace_bytes(problem, pass, config);
   void* workspace = config.workspace;
   std::unique_ptr<unsigned char[]> owned;
-  if (workspace == nullptr && need > 0) {
+  if (workspace == nullptr && need > 0 && backend->workspace_device() == Device::cpu) {
     owned.reset(new (std::nothrow) unsigned char[need]);
     if (!owned) {
       status.error = "workspace: cannot allocate " + std::to_string(need) + " bytes";

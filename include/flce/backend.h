@@ -34,8 +34,12 @@ class Backend {
                            const RunConfig& config) const = 0;
   virtual size_t workspace_bytes(const Problem& problem, Pass pass,
                                  const RunConfig& config) const = 0;
-  // `workspace` holds at least workspace_bytes() bytes. Returns an error
-  // message, or an empty string on success.
+  // Where the workspace lives. For host memory the API allocates it when the
+  // caller gives none; for device memory the backend does (stream-ordered),
+  // and run() gets a null workspace in that case.
+  virtual Device workspace_device() const { return Device::cpu; }
+  // `workspace` holds at least workspace_bytes() bytes (or is null, see
+  // workspace_device()). Returns an error message, or "" on success.
   virtual std::string run(const Problem& problem, Pass pass,
                           const RunConfig& config, void* workspace) const = 0;
 };

@@ -86,8 +86,10 @@ struct RunConfig {
   std::string gemm;
   // Opaque stream handle (a cudaStream_t for a CUDA backend; ignored on CPU).
   void* stream = nullptr;
-  // Optional caller-owned scratch of at least workspace_size() bytes. When
-  // null the backend allocates what it needs for the duration of the call.
+  // Optional caller-owned scratch of at least workspace_size() bytes, in the
+  // memory of the tensors' device (host memory for cpu and reference, device
+  // memory for cuda). When null the backend allocates what it needs for the
+  // duration of the call.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
 };
