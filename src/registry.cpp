@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "cpu/cpu_backend.h"
+#include "cuda/cuda_backend.h"
 #include "reference/reference.h"
 
 namespace flce {
@@ -14,6 +15,7 @@ const std::vector<const Backend*>& backend_list() {
   static const std::vector<const Backend*> list = {
       &cpu_backend(),
       &reference_backend(),
+      &cuda_backend(),
   };
   return list;
 }

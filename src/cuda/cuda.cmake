@@ -1,0 +1,53 @@
+# src/cuda/cuda.cmake: the `cuda` backend.
+#
+# Included by the top-level CMakeLists.txt after the `flce` target exists.
+# FLCE_CUDA=AUTO builds it when CMake finds a CUDA compiler (PATH, CUDACXX,
+# or /usr/local/cuda/bin/nvcc), ON requires one, OFF never builds it. Either
+# way a backend named `cuda` is registered: without the toolkit it is
+# src/cuda/cuda_unavailable.cpp, which declines every problem and says why.
+# Defines FLCE_HAVE_CUDA=1 (PUBLIC) when the real backend is in.
+# Architectures: CMAKE_CUDA_ARCHITECTURES, default 80;90 (A100, H100).
+
+set(_flce_cuda_dir ${CMAKE_CURRENT_LIST_DIR})
+set(FLCE_HAVE_CUDA OFF)
+if(NOT FLCE_CUDA STREQUAL "OFF")
+  if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX} AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 80 90)
+    endif()
+    enable_language(CUDA)
+    find_package(CUDAToolkit REQUIRED)
+    set(FLCE_HAVE_CUDA ON)
+  elseif(FLCE_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "FLCE_CUDA=ON but no CUDA compiler was found "
+                        "(put nvcc on PATH or set CUDACXX)")
+  endif()
+endif()
+
+if(FLCE_HAVE_CUDA)
+  target_sources(flce PRIVATE
+    ${_flce_cuda_dir}/cuda_backend.cpp
+    ${_flce_cuda_dir}/plan.cpp
+    ${_flce_cuda_dir}/passes.cpp
+    ${_flce_cuda_dir}/gemm.cpp
+    ${_flce_cuda_dir}/kernels.cu
+    ${_flce_cuda_dir}/device_copy.cpp)
+  set_source_files_properties(${_flce_cuda_dir}/kernels.cu TARGET_DIRECTORY flce
+    PROPERTIES COMPILE_OPTIONS "--expt-relaxed-constexpr;-Xcompiler=-Wall")
+  # flce was created before CUDA was enabled: set what the target missed.
+  set_target_properties(flce PROPERTIES CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}"
+                                        CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON)
+  target_link_libraries(flce PUBLIC CUDA::cudart PRIVATE CUDA::cublas)
+  target_compile_definitions(flce PUBLIC FLCE_HAVE_CUDA=1)
+  message(STATUS "flce cuda backend: nvcc ${CMAKE_CUDA_COMPILER_VERSION}, "
+                 "architectures ${CMAKE_CUDA_ARCHITECTURES}")
+else()
+  target_sources(flce PRIVATE ${_flce_cuda_dir}/cuda_unavailable.cpp
+                              ${_flce_cuda_dir}/device_copy.cpp)
+  message(STATUS "flce cuda backend: not built (FLCE_CUDA=${FLCE_CUDA})")
+endif()

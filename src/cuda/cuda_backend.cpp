@@ -1,0 +1,257 @@
+// The `cuda` backend: the cpu backend's algorithm on an NVIDIA GPU. cuBLAS
+// GEMMs give the raw logits of one [rows x vocab] score tile at a time;
+// fused kernels turn each tile into softmax states (pass 1) or dlogits
+// (pass 2) while it is in L2; dlogits gather into large gradient blocks for
+// the grad_x and grad_W GEMMs. Never an [N, V] buffer; every sum in a fixed
+// order, so the bytes are the same on every run (src/cuda/kernels.h).
+#include "cuda/cuda_backend.h"
+
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstdio>
+#include <string>
+#include <tuple>
+
+#include "cuda/kernels.h"
+#include "cuda/passes.h"
+#include "cuda/plan.h"
+
+namespace flce {
+namespace {
+
+using cuda::DView;
+using cuda::dview;
+
+std::string cuda_error(const char* what, cudaError_t e) {
+  return std::string(what) + ": " + cudaGetErrorString(e);
+}
+
+// "" when device `index` can run the backend, else why not.
+std::string device_problem(int index) {
+  int count = 0;
+  if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky error for later calls
+    return "no usable CUDA driver or device (" + cuda_error("cudaGetDeviceCount", e) + ")";
+  }
+  if (count == 0) return "no CUDA device is visible";
+  if (index < 0 || index >= count)
+    return "device index " + std::to_string(index) + " is not one of the " +
+           std::to_string(count) + " CUDA devices";
+  cudaDeviceProp prop{};
+  if (cudaError_t e = cudaGetDeviceProperties(&prop, index); e != cudaSuccess)
+    return cuda_error("cudaGetDeviceProperties", e);
+  if (prop.major < 8)
+    return std::string("device ") + std::to_string(index) + " (" + prop.name + ") is sm_" +
+           std::to_string(prop.major * 10 + prop.minor) +
+           "; the cuda backend is built for sm_80 and newer";
+  return "";
+}
+
+struct Named {
+  const char* name;
+  const Tensor* t;
+};
+
+// Every tensor must be device memory of the device the views name.
+std::string pointer_problem(const Problem& p) {
+  const Named all[] = {{"x", &p.x}, {"w", &p.w}, {"bias", &p.bias}, {"logits", &p.logits},
+                       {"labels", &p.labels}, {"token_weights", &p.token_weights},
+                       {"class_weights", &p.class_weights}, {"loss", &p.loss}, {"lse", &p.lse},
+                       {"logprob", &p.logprob}, {"argmax", &p.argmax}, {"entropy", &p.entropy},
+                       {"zloss", &p.zloss}, {"grad_loss", &p.grad_loss}, {"grad_lse", &p.grad_lse},
+                       {"grad_entropy", &p.grad_entropy}, {"grad_x", &p.grad_x},
+                       {"grad_w", &p.grad_w}, {"grad_bias", &p.grad_bias},
+                       {"grad_logits", &p.grad_logits}};
+  for (const Named& a : all) {
+    if (!a.t->present() || a.t->data == nullptr) continue;
+    cudaPointerAttributes attr{};
+    const cudaError_t e = cudaPointerGetAttributes(&attr, a.t->data);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return std::string(a.name) + ": " + cuda_error("cudaPointerGetAttributes", e);
+    }
+    const bool device_memory =
+        attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+    if (!device_memory)
+      return std::string(a.name) + ": the view says cuda:" + std::to_string(a.t->device_index) +
+             " but its pointer is host memory";
+    if (attr.device != a.t->device_index)
+      return std::string(a.name) + ": the pointer belongs to cuda:" + std::to_string(attr.device) +
+             ", the view says cuda:" + std::to_string(a.t->device_index);
+  }
+  return "";
+}
+
+std::string layout_problem(const Problem& p) {
+  const Tensor& first = p.logits.present() ? p.logits : p.x;
+  const Dtype storage = first.dtype;
+  if (storage != Dtype::f32 && storage != Dtype::bf16 && storage != Dtype::f16)
+    return std::string("the cuda backend stores x and W (or the logits) in f32, bf16 or f16; ") +
+           (p.logits.present() ? "logits" : "x") + " is " + dtype_name(storage);
+  if (p.logits.present()) return "";
+  for (const Named& a : {Named{"w", &p.w}, Named{"bias", &p.bias}})
+    if (a.t->present() && a.t->dtype != storage)
+      return std::string("the cuda backend needs x, w and bias in one dtype; x is ") +
+             dtype_name(storage) + ", " + a.name + " is " + dtype_name(a.t->dtype);
+  for (const Named& a : {Named{"x", &p.x}, Named{"w", &p.w}}) {
+    if (a.t->shape[1] > 1 && a.t->stride[1] != 1)
+      return std::string(a.name) + ": the cuda backend's GEMMs need unit column stride; stride " +
+             std::to_string(a.t->stride[1]) + " (make it contiguous)";
+    if (a.t->stride[0] > INT_MAX || a.t->shape[0] > INT_MAX || a.t->shape[1] > INT_MAX)
+      return std::string(a.name) + ": a dimension or stride above 2^31 - 1 (cuBLAS' int limit)";
+  }
+  return "";
+}
+
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    cudaGetDevice(&previous_);
+    if (previous_ != device) cudaSetDevice(device);
+  }
+  ~DeviceGuard() { cudaSetDevice(previous_); }
+
+ private:
+  int previous_ = 0;
+};
+
+cuda::LossArgs loss_args(const Problem& p, const cuda::Plan& plan, const cuda::Workspace& ws) {
+  const Options& o = p.options;
+  cuda::LossArgs g;
+  g.n = plan.d.n, g.v = plan.d.v;
+  g.a = o.logit_scale, g.k = o.softcap, g.e = o.label_smoothing, g.l = o.z_loss;
+  g.ignore_index = o.ignore_index;
+  g.reduction = int(o.reduction);
+  g.backward = plan.pass == Pass::backward;
+  g.labels = dview(p.labels), g.token_weights = dview(p.token_weights);
+  g.class_weights = dview(p.class_weights), g.bias = dview(p.bias);
+  g.grad_loss = dview(p.grad_loss), g.grad_lse = dview(p.grad_lse);
+  g.grad_entropy = dview(p.grad_entropy);
+  if (plan.pass == Pass::backward) g.lse_in = dview(p.lse);
+  else g.lse = dview(p.lse);
+  g.loss = dview(p.loss), g.logprob = dview(p.logprob), g.argmax = dview(p.argmax);
+  g.entropy = dview(p.entropy), g.zloss = dview(p.zloss);
+  g.class_w = ws.class_w, g.bias_f32 = ws.bias;
+  g.scalars = ws.scalars, g.rows = ws.rows, g.row_loss = ws.row_loss;
+  return g;
+}
+
+// The label range and weight signs, checked on the device (validate() only
+// reads host memory); the message matches validate()'s.
+std::string check_values(const Problem& p, const cuda::Scalars& s, cudaStream_t stream) {
+  auto read = [&](const Tensor& t, int64_t i, double* out) {
+    unsigned char raw[8] = {};
+    const size_t size = dtype_size(t.dtype);
+    cudaMemcpyAsync(raw, static_cast<const char*>(t.data) + i * t.stride[0] * int64_t(size), size,
+                    cudaMemcpyDeviceToHost, stream);
+    cudaStreamSynchronize(stream);
+    *out = 0;
+    switch (t.dtype) {
+      case Dtype::i32: *out = *reinterpret_cast<int32_t*>(raw); break;
+      case Dtype::i64: *out = double(*reinterpret_cast<int64_t*>(raw)); break;
+      case Dtype::f32: *out = *reinterpret_cast<float*>(raw); break;
+      case Dtype::f64: *out = *reinterpret_cast<double*>(raw); break;
+      default: break;
+    }
+  };
+  char msg[256];
+  double v = 0;
+  if (s.bad_label != INT64_MAX) {
+    read(p.labels, s.bad_label, &v);
+    std::snprintf(msg, sizeof msg,
+                  "labels[%lld] = %lld is outside [0, V) with V = %lld and is not ignore_index "
+                  "(%lld)",
+                  (long long)s.bad_label, (long long)v, (long long)dims_of(p).v,
+                  (long long)p.options.ignore_index);
+    return msg;
+  }
+  for (auto [name, t, at] : {std::tuple{"token_weights", &p.token_weights, s.bad_token_weight},
+                             std::tuple{"class_weights", &p.class_weights, s.bad_class_weight}}) {
+    if (at == INT64_MAX) continue;
+    read(*t, at, &v);
+    std::snprintf(msg, sizeof msg, "%s[%lld] = %g: weights must be finite and >= 0", name,
+                  (long long)at, v);
+    return msg;
+  }
+  return "";
+}
+
+std::string run_passes(const Problem& p, Pass pass, cudaStream_t stream, void* workspace) {
+  const cuda::Plan plan = cuda::make_plan(p, pass);
+  const cuda::Workspace ws = cuda::carve_workspace(plan, p, workspace);
+  const cuda::LossArgs args = loss_args(p, plan, ws);
+  cuda::prepare(args, ws.class_w, ws.bias, stream);
+  if (auto e = cuda::last_launch_error("prepare"); !e.empty()) return e;
+  cuda::Scalars scalars{};
+  cudaMemcpyAsync(&scalars, ws.scalars, sizeof scalars, cudaMemcpyDeviceToHost, stream);
+  if (cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess)
+    return cuda_error("cuda backend: checking labels and weights", e);
+  if (auto e = check_values(p, scalars, stream); !e.empty()) return e;
+  const cuda::Context c{p, plan, ws, args, stream};
+  if (auto e = cuda::statistics_pass(c); !e.empty()) return e;
+  if (plan.grads) return cuda::gradient_pass(c);
+  return "";
+}
+
+class CudaBackend final : public Backend {
+ public:
+  const char* name() const override { return "cuda"; }
+
+  std::string describe() const override {
+    if (auto why = device_problem(0); !why.empty()) return "declines every problem here: " + why;
+    cudaDeviceProp prop{};
+    cudaGetDeviceProperties(&prop, 0);
+    return std::string("cuBLAS GEMMs on vocab tiles + fused softmax and dlogits kernels; device 0: ") +
+           prop.name + " (sm_" + std::to_string(prop.major * 10 + prop.minor) + ")";
+  }
+
+  Support supports(const Problem& p, Pass, const RunConfig&) const override {
+    const Tensor& first = p.logits.present() ? p.logits : p.x;
+    if (first.device != Device::cuda)
+      return Support::decline("the cuda backend reads CUDA device memory; the tensors are on the "
+                              "host (use cpu or reference, or move them to the GPU)");
+    if (auto why = device_problem(first.device_index); !why.empty()) return Support::decline(why);
+    if (auto why = layout_problem(p); !why.empty()) return Support::decline(why);
+    if (auto why = pointer_problem(p); !why.empty()) return Support::decline(why);
+    return Support::accept();
+  }
+
+  size_t workspace_bytes(const Problem& p, Pass pass, const RunConfig&) const override {
+    return cuda::workspace_bytes(cuda::make_plan(p, pass), p);
+  }
+
+  Device workspace_device() const override { return Device::cuda; }
+
+  std::string run(const Problem& p, Pass pass, const RunConfig& config,
+                  void* workspace) const override {
+    if (!config.gemm.empty() && config.gemm != "cublas")
+      return "gemm = '" + config.gemm + "': the cuda backend's GEMMs are cuBLAS ('cublas' or empty)";
+    const Tensor& first = p.logits.present() ? p.logits : p.x;
+    DeviceGuard guard(first.device_index);
+    cudaStream_t stream = static_cast<cudaStream_t>(config.stream);
+    void* owned = nullptr;
+    if (workspace == nullptr) {
+      const size_t bytes = cuda::workspace_bytes(cuda::make_plan(p, pass), p);
+      if (cudaError_t e = cudaMallocAsync(&owned, bytes, stream); e != cudaSuccess) {
+        cudaGetLastError();
+        return "workspace: cannot allocate " + std::to_string(bytes) +
+               " bytes of device memory (" + cudaGetErrorString(e) + ")";
+      }
+      workspace = owned;
+    }
+    std::string error = run_passes(p, pass, stream, workspace);
+    if (owned) cudaFreeAsync(owned, stream);
+    if (error.empty()) error = cuda::last_launch_error("after the passes");
+    return error;
+  }
+};
+
+}  // namespace
+
+const Backend& cuda_backend() {
+  static const CudaBackend backend;
+  return backend;
+}
+
+}  // namespace flce

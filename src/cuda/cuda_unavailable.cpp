@@ -1,0 +1,31 @@
+// The `cuda` backend of a build without CUDA (FLCE_CUDA=OFF, or no toolkit
+// found when CMake ran): listed, so that `flce backends` says why it is off.
+#include "cuda/cuda_backend.h"
+
+namespace flce {
+namespace {
+
+constexpr const char* kWhy =
+    "flce was built without CUDA (FLCE_CUDA=OFF, or CMake found no CUDA toolkit); "
+    "rebuild with the toolkit installed and FLCE_CUDA=AUTO or ON";
+
+class CudaUnavailable final : public Backend {
+ public:
+  const char* name() const override { return "cuda"; }
+  std::string describe() const override { return std::string("unavailable: ") + kWhy; }
+  Support supports(const Problem&, Pass, const RunConfig&) const override {
+    return Support::decline(kWhy);
+  }
+  size_t workspace_bytes(const Problem&, Pass, const RunConfig&) const override { return 0; }
+  Device workspace_device() const override { return Device::cuda; }
+  std::string run(const Problem&, Pass, const RunConfig&, void*) const override { return kWhy; }
+};
+
+}  // namespace
+
+const Backend& cuda_backend() {
+  static const CudaUnavailable backend;
+  return backend;
+}
+
+}  // namespace flce

@@ -1,0 +1,112 @@
+#include "cuda/device_copy.h"
+
+#ifdef FLCE_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace flce::cuda {
+namespace {
+
+// Every Tensor member of a Problem, by pointer-to-member, and whether it is
+// written by a call.
+struct Member {
+  Tensor Problem::*field;
+  bool output;
+};
+constexpr Member kMembers[] = {
+    {&Problem::x, false},        {&Problem::w, false},        {&Problem::bias, false},
+    {&Problem::logits, false},   {&Problem::labels, false},   {&Problem::token_weights, false},
+    {&Problem::class_weights, false}, {&Problem::loss, true}, {&Problem::lse, true},
+    {&Problem::logprob, true},   {&Problem::argmax, true},    {&Problem::entropy, true},
+    {&Problem::zloss, true},     {&Problem::grad_loss, false}, {&Problem::grad_lse, false},
+    {&Problem::grad_entropy, false}, {&Problem::grad_x, true}, {&Problem::grad_w, true},
+    {&Problem::grad_bias, true}, {&Problem::grad_logits, true}};
+
+// Bytes from the first to one past the last element (non-negative strides).
+size_t span_bytes(const Tensor& t) {
+  int64_t last = 0;
+  for (int d = 0; d < t.ndim; ++d) {
+    if (t.shape[d] == 0) return 0;
+    last += (t.shape[d] - 1) * t.stride[d];
+  }
+  return size_t(last + 1) * dtype_size(t.dtype);
+}
+
+}  // namespace
+
+#ifdef FLCE_HAVE_CUDA
+
+bool built_with_cuda() { return true; }
+
+DeviceProblem::~DeviceProblem() {
+  for (const Copy& c : copies_) cudaFree(c.device);
+}
+
+std::string DeviceProblem::upload(const Problem& host, int device) {
+  device_index_ = device;
+  if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess)
+    return std::string("cuda device ") + std::to_string(device) + ": " + cudaGetErrorString(e);
+  device_ = host;
+  for (const Member& m : kMembers) {
+    const Tensor& h = host.*m.field;
+    Tensor& d = device_.*m.field;
+    if (!h.present()) continue;
+    void* ptr = nullptr;
+    for (const Copy& c : copies_)
+      if (c.host == h.data) ptr = c.device;  // an alias: share the copy
+    if (ptr == nullptr) {
+      const size_t bytes = span_bytes(h);
+      if (cudaError_t e = cudaMalloc(&ptr, bytes ? bytes : 1); e != cudaSuccess)
+        return "cannot allocate " + std::to_string(bytes) + " bytes on cuda:" +
+               std::to_string(device) + ": " + cudaGetErrorString(e);
+      copies_.push_back({h.data, ptr, bytes});
+      if (bytes && h.data != nullptr) {
+        if (cudaError_t e = cudaMemcpy(ptr, h.data, bytes, cudaMemcpyHostToDevice);
+            e != cudaSuccess)
+          return std::string("copying to the device: ") + cudaGetErrorString(e);
+      }
+    }
+    d.data = ptr;
+    d.device = Device::cuda;
+    d.device_index = device;
+  }
+  return "";
+}
+
+std::string DeviceProblem::download(const Problem& host) const {
+  if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess)
+    return std::string("cuda: ") + cudaGetErrorString(e);
+  for (const Member& m : kMembers) {
+    const Tensor& h = host.*m.field;
+    if (!m.output || !h.present()) continue;
+    for (const Copy& c : copies_) {
+      if (c.host != h.data || c.bytes == 0) continue;
+      if (cudaError_t e = cudaMemcpy(const_cast<void*>(c.host), c.device, c.bytes,
+                                     cudaMemcpyDeviceToHost);
+          e != cudaSuccess)
+        return std::string("copying from the device: ") + cudaGetErrorString(e);
+    }
+  }
+  return "";
+}
+
+#else
+
+bool built_with_cuda() { return false; }
+DeviceProblem::~DeviceProblem() = default;
+std::string DeviceProblem::upload(const Problem&, int) {
+  return "flce was built without CUDA (FLCE_CUDA=OFF, or CMake found no CUDA toolkit)";
+}
+std::string DeviceProblem::download(const Problem&) const {
+  return "flce was built without CUDA";
+}
+
+#endif
+
+size_t DeviceProblem::bytes() const {
+  size_t total = 0;
+  for (const Copy& c : copies_) total += c.bytes;
+  return total;
+}
+
+}  // namespace flce::cuda

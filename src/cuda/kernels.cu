@@ -1,0 +1,423 @@
+// The `cuda` backend's kernels (kernels.h has the contract of each).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cmath>
+
+#include "cuda/kernels.h"
+
+namespace flce::cuda {
+namespace {
+
+constexpr int kThreads = 256;       // per block, for the per-row kernels
+constexpr int kWideThreads = 1024;  // the single-block reductions
+constexpr float kInf = INFINITY;
+
+// ---- element access --------------------------------------------------------
+
+__device__ double load_at(const DView& t, int64_t off) {
+  switch (Dtype(t.dtype)) {
+    case Dtype::f32: return static_cast<const float*>(t.data)[off];
+    case Dtype::f64: return static_cast<const double*>(t.data)[off];
+    case Dtype::bf16: return __bfloat162float(static_cast<const __nv_bfloat16*>(t.data)[off]);
+    case Dtype::f16: return __half2float(static_cast<const __half*>(t.data)[off]);
+    case Dtype::i32: return static_cast<const int32_t*>(t.data)[off];
+    case Dtype::i64: return double(static_cast<const int64_t*>(t.data)[off]);
+  }
+  return NAN;
+}
+
+__device__ void store_at(const DView& t, int64_t off, double v) {
+  switch (Dtype(t.dtype)) {
+    case Dtype::f32: static_cast<float*>(t.data)[off] = float(v); break;
+    case Dtype::f64: static_cast<double*>(t.data)[off] = v; break;
+    case Dtype::bf16: static_cast<__nv_bfloat16*>(t.data)[off] = __double2bfloat16(v); break;
+    case Dtype::f16: static_cast<__half*>(t.data)[off] = __double2half(v); break;
+    case Dtype::i32: static_cast<int32_t*>(t.data)[off] = int32_t(v); break;
+    case Dtype::i64: static_cast<int64_t*>(t.data)[off] = int64_t(v); break;
+  }
+}
+
+__device__ int64_t load_int(const DView& t, int64_t i) {
+  if (Dtype(t.dtype) == Dtype::i32) return static_cast<const int32_t*>(t.data)[i * t.s0];
+  return static_cast<const int64_t*>(t.data)[i * t.s0];
+}
+
+__device__ double load1(const DView& t, int64_t i) { return load_at(t, i * t.s0); }
+__device__ void store1(const DView& t, int64_t i, double v) { store_at(t, i * t.s0, v); }
+__device__ double opt1(const DView& t, int64_t i, double absent) {
+  return t.present() ? load1(t, i) : absent;
+}
+
+// ---- the semantics shared by the kernels ------------------------------------
+
+__device__ float shift_of(float m) { return isfinite(m) ? m : 0.0f; }
+
+__device__ int64_t min_index(int64_t a, int64_t b) {
+  if (a < 0) return b;
+  if (b < 0) return a;
+  return a < b ? a : b;
+}
+
+// s = k tanh(a (u + b) / k) when k > 0, else a (u + b).
+__device__ float score(const LossArgs& g, float u, int64_t j) {
+  const float z = float(g.a) * (g.bias_f32 ? u + g.bias_f32[j] : u);
+  return g.k > 0 ? float(g.k) * tanhf(z / float(g.k)) : z;
+}
+
+__device__ float class_weight(const LossArgs& g, int64_t j) {
+  return g.class_w ? g.class_w[j] : 1.0f;
+}
+
+// A thread's (or a subtree's) running state; NaN scores only set first_nan.
+struct State {
+  float max = -kInf, sum_exp = 0, sum_exp_s = 0, sum_cs = 0;
+  int64_t argmax = -1, first_nan = -1;
+
+  __device__ void add(float s, float c, int64_t j) {
+    if (isnan(s)) {
+      first_nan = min_index(first_nan, j);
+      return;
+    }
+    sum_cs += c == 0 ? 0.0f : c * s;
+    if (s > max) {
+      const float f = max == -kInf ? 0.0f : expf(shift_of(max) - shift_of(s));
+      const float e = expf(s - shift_of(s));
+      sum_exp = sum_exp * f + e;
+      sum_exp_s = sum_exp_s * f + (e == 0 ? 0.0f : e * s);
+      max = s;
+      argmax = j;
+    } else {
+      const float e = expf(s - shift_of(max));
+      sum_exp += e;
+      sum_exp_s += e == 0 ? 0.0f : e * s;
+      if (s == max && argmax < 0) argmax = j;
+    }
+  }
+
+  // Folds `o` in; ties in the max keep the lower index.
+  __device__ void merge(const State& o) {
+    const float m = o.max > max ? o.max : max;
+    const float f = max == -kInf ? 0.0f : expf(shift_of(max) - shift_of(m));
+    const float fo = o.max == -kInf ? 0.0f : expf(shift_of(o.max) - shift_of(m));
+    sum_exp = sum_exp * f + o.sum_exp * fo;
+    sum_exp_s = sum_exp_s * f + o.sum_exp_s * fo;
+    sum_cs += o.sum_cs;
+    if (o.max > max) argmax = o.argmax;
+    else if (o.max == max) argmax = min_index(argmax, o.argmax);
+    max = m;
+    first_nan = min_index(first_nan, o.first_nan);
+  }
+};
+
+// Fixed-shape tree over the block's threads: the result in thread 0.
+template <typename T, typename Combine>
+__device__ T block_reduce(T value, T* shared, Combine combine) {
+  const int tid = threadIdx.x;
+  shared[tid] = value;
+  __syncthreads();
+  for (int width = blockDim.x / 2; width > 0; width /= 2) {
+    if (tid < width) shared[tid] = combine(shared[tid], shared[tid + width]);
+    __syncthreads();
+  }
+  return shared[0];
+}
+
+// ---- kernels ------------------------------------------------------------------
+
+__global__ void prepare_kernel(LossArgs g) {
+  __shared__ double sums[kWideThreads];
+  __shared__ int64_t firsts[kWideThreads];
+  const auto add = [](double a, double b) { return a + b; };
+  const auto lowest = [](int64_t a, int64_t b) { return a < b ? a : b; };
+  const int tid = threadIdx.x;
+
+  double class_sum = 0;
+  int64_t bad_class = INT64_MAX;
+  for (int64_t j = tid; j < g.v; j += blockDim.x) {
+    const double c = opt1(g.class_weights, j, 1.0);
+    if (!(isfinite(c) && c >= 0) && bad_class == INT64_MAX) bad_class = j;
+    class_sum += c;
+  }
+  double denom = 0;
+  int64_t bad_label = INT64_MAX, bad_token = INT64_MAX;
+  for (int64_t i = tid; i < g.n; i += blockDim.x) {
+    const int64_t y = load_int(g.labels, i);
+    const double t = opt1(g.token_weights, i, 1.0);
+    if (!(isfinite(t) && t >= 0) && bad_token == INT64_MAX) bad_token = i;
+    if (y == g.ignore_index) continue;
+    if (y < 0 || y >= g.v) {
+      if (bad_label == INT64_MAX) bad_label = i;
+      continue;
+    }
+    denom += t * opt1(g.class_weights, y, 1.0);
+  }
+  class_sum = block_reduce(class_sum, sums, add);
+  __syncthreads();
+  denom = block_reduce(denom, sums, add);
+  __syncthreads();
+  bad_class = block_reduce(bad_class, firsts, lowest);
+  __syncthreads();
+  bad_label = block_reduce(bad_label, firsts, lowest);
+  __syncthreads();
+  bad_token = block_reduce(bad_token, firsts, lowest);
+  if (tid == 0) *g.scalars = Scalars{class_sum, denom, bad_label, bad_token, bad_class};
+}
+
+// One block per row of the tile.
+__global__ void tile_states_kernel(LossArgs g, ScoreTile tile, int64_t t, int64_t tiles,
+                                   int64_t state_r0, TileState* states) {
+  __shared__ State shared[kThreads];
+  const int64_t r = blockIdx.x, i = tile.r0 + r;
+  const float* u = tile.u + r * tile.ld;
+  const int64_t y = load_int(g.labels, i);
+  State st;
+  for (int64_t c = threadIdx.x; c < tile.cols; c += blockDim.x) {
+    const int64_t j = tile.j0 + c;
+    const float s = score(g, u[c], j);
+    st.add(s, class_weight(g, j), j);
+    if (j == y) g.rows[i].s_y = s;
+  }
+  st = block_reduce(st, shared, [](State a, const State& b) { a.merge(b); return a; });
+  if (threadIdx.x == 0)
+    states[(i - state_r0) * tiles + t] =
+        TileState{st.max, st.sum_exp, st.sum_exp_s, st.sum_cs, st.argmax, st.first_nan};
+}
+
+// One thread per row: the tile states in order, in double (src/cpu/steps.cpp).
+__global__ void merge_rows_kernel(LossArgs g, const TileState* states, int64_t tiles, int64_t r0,
+                                  int64_t rows, bool have_states) {
+  const int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (r >= rows) return;
+  const int64_t i = r0 + r;
+  const Scalars sc = *g.scalars;
+  double max = -INFINITY, sum_exp = 0, sum_cs = 0;
+  int64_t argmax = 0, first_nan = -1;
+  const TileState* st = states + r * tiles;
+  if (have_states) {
+    bool found = false;
+    for (int64_t t = 0; t < tiles; ++t) {
+      first_nan = min_index(first_nan, st[t].first_nan);
+      if (st[t].argmax >= 0 && (!found || st[t].max > max)) argmax = st[t].argmax, found = true;
+      max = fmax(max, double(st[t].max));
+      sum_cs += st[t].sum_cs;
+    }
+    for (int64_t t = 0; t < tiles; ++t)
+      if (st[t].max != -kInf) sum_exp += double(st[t].sum_exp) * exp(double(st[t].max) - max);
+  }
+  double lse;
+  if (g.backward) lse = load1(g.lse_in, i);
+  else if (first_nan >= 0) lse = NAN;
+  else if (max == INFINITY) lse = INFINITY;
+  else if (max == -INFINITY) lse = -INFINITY;
+  else lse = max + log(sum_exp);
+  double sbar = 0;  // sum_j p_j s_j
+  if (have_states) {
+    if (max == INFINITY) {
+      sbar = NAN;
+    } else {
+      for (int64_t t = 0; t < tiles; ++t)
+        if (st[t].max != -kInf) sbar += exp(double(st[t].max) - lse) * double(st[t].sum_exp_s);
+    }
+  }
+  const int64_t y = load_int(g.labels, i);
+  const bool ignored = y == g.ignore_index;
+  const double t_i = opt1(g.token_weights, i, 1.0);
+  const double c_y = ignored ? 0.0 : opt1(g.class_weights, y, 1.0);
+  RowInfo& info = g.rows[i];
+  const double s_y = ignored || !have_states ? 0.0 : info.s_y;
+
+  // Cotangents and the dlogits coefficients.
+  double g_loss = 0;
+  if (!ignored) {
+    const double scale = g.grad_loss.present() ? load1(g.grad_loss, g.reduction == 0 ? i : 0) : 1.0;
+    if (g.reduction == int(Reduction::mean)) g_loss = sc.denom == 0 ? 0.0 : scale / sc.denom;
+    else g_loss = scale;
+    g_loss *= t_i;
+  }
+  const double g_lse = opt1(g.grad_lse, i, 0.0), g_ent = opt1(g.grad_entropy, i, 0.0);
+  const double V = double(g.v);
+  info.lse = lse;
+  info.sbar = sbar;
+  info.coef_p = g_loss * ((1 - g.e) * c_y + (g.e / V) * sc.class_sum + 2 * g.l * lse) + g_lse;
+  info.coef_c = -g_loss * g.e / V;
+  info.coef_h = g_ent;
+  info.label_coef = g_loss * (1 - g.e) * c_y;
+  info.y = ignored ? -1 : y;
+  if (g.backward) return;
+
+  const double logp_y = ignored ? 0.0 : s_y - lse;
+  const double sum_clogp = sum_cs - sc.class_sum * lse;  // sum_j c_j logp_j
+  const double zl = g.l * lse * lse;
+  const double ce = -(1 - g.e) * c_y * logp_y - (g.e > 0 ? (g.e / V) * sum_clogp : 0.0);
+  const double loss = ignored ? 0.0 : t_i * (ce + zl);
+  g.row_loss[i] = loss;
+  store1(g.lse, i, lse);
+  if (g.logprob.present()) store1(g.logprob, i, logp_y);
+  if (g.argmax.present()) store1(g.argmax, i, double(first_nan >= 0 ? first_nan : argmax));
+  if (g.entropy.present()) store1(g.entropy, i, lse - sbar);
+  if (g.zloss.present()) store1(g.zloss, i, zl);
+  if (g.reduction == int(Reduction::none)) store1(g.loss, i, loss);
+}
+
+__global__ void reduce_loss_kernel(LossArgs g) {
+  __shared__ double sums[kWideThreads];
+  double total = 0;
+  for (int64_t i = threadIdx.x; i < g.n; i += blockDim.x) total += g.row_loss[i];
+  total = block_reduce(total, sums, [](double a, double b) { return a + b; });
+  if (threadIdx.x != 0) return;
+  if (g.reduction == int(Reduction::mean)) {
+    const double d = g.scalars->denom;
+    total = d == 0 ? 0.0 : total / d;
+  }
+  store_at(g.loss, 0, total);
+}
+
+__device__ float round_as(float v, Dtype dtype) {
+  if (dtype == Dtype::bf16) return __bfloat162float(__float2bfloat16_rn(v));
+  if (dtype == Dtype::f16) return __half2float(__float2half_rn(v));
+  return v;
+}
+
+// blockIdx.y: row of the tile; threads over its columns.
+__global__ void dlogits_kernel(LossArgs g, ScoreTile tile, void* out, Dtype out_dtype,
+                               int64_t out_ld, DView grad_logits, Dtype round_to) {
+  const int64_t r = blockIdx.y, i = tile.r0 + r;
+  const RowInfo info = g.rows[i];
+  const float lse = float(info.lse), sbar = float(info.sbar);
+  const float coef_p = float(info.coef_p), coef_c = float(info.coef_c);
+  const float coef_h = float(info.coef_h), label = float(info.label_coef);
+  const float a = float(g.a), k = float(g.k);
+  const float* u = tile.u + r * tile.ld;
+  for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < tile.cols;
+       c += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t j = tile.j0 + c;
+    const float s = score(g, u[c], j);
+    const float p = expf(s - lse);
+    float d = coef_p * p;
+    if (coef_c != 0) d += coef_c * class_weight(g, j);
+    if (coef_h != 0) d -= coef_h * (p == 0 ? 0.0f : p * (s - sbar));
+    if (j == info.y) d -= label;
+    const float dsdz = k > 0 ? 1 - (s / k) * (s / k) : 1.0f;
+    const float gval = round_as(a * dsdz * d, round_to);
+    const int64_t o = r * out_ld + c;
+    if (out != nullptr) {
+      if (out_dtype == Dtype::f32) static_cast<float*>(out)[o] = gval;
+      else if (out_dtype == Dtype::bf16) static_cast<__nv_bfloat16*>(out)[o] = __float2bfloat16_rn(gval);
+      else static_cast<__half*>(out)[o] = __float2half_rn(gval);
+    }
+    if (grad_logits.present()) store_at(grad_logits, i * grad_logits.s0 + j * grad_logits.s1, gval);
+  }
+}
+
+// One thread per column, rows in order.
+__global__ void column_sums_kernel(const void* gptr, Dtype dtype, int64_t ld, int64_t rows,
+                                   int64_t cols, double* acc) {
+  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (c >= cols) return;
+  const DView g{const_cast<void*>(gptr), int(dtype), ld, 1};
+  double sum = 0;
+  for (int64_t r = 0; r < rows; ++r) sum += load_at(g, r * ld + c);
+  acc[c] += sum;
+}
+
+__global__ void convert_kernel(DView src, int64_t sr0, int64_t sc0, DView dst, int64_t dr0,
+                               int64_t dc0, int64_t rows, int64_t cols) {
+  const int64_t total = rows * cols;
+  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < total;
+       k += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = k / cols, c = k % cols;
+    const double v = load_at(src, (sr0 + r) * src.s0 + (sc0 + c) * src.s1);
+    store_at(dst, (dr0 + r) * dst.s0 + (dc0 + c) * dst.s1, v);
+  }
+}
+
+__global__ void store_vector_kernel(const double* src, int64_t n, DView dst) {
+  const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (j < n) store1(dst, j, src[j]);
+}
+
+int64_t blocks_for(int64_t work, int threads, int64_t cap = 65535) {
+  const int64_t b = (work + threads - 1) / threads;
+  return b < 1 ? 1 : (b > cap ? cap : b);
+}
+
+}  // namespace
+
+DView dview(const Tensor& t) {
+  DView v;
+  if (!t.present()) return v;
+  v.data = t.data;
+  v.dtype = int(t.dtype);
+  v.s0 = t.ndim >= 1 ? t.stride[0] : 0;
+  v.s1 = t.ndim >= 2 ? t.stride[1] : 1;
+  return v;
+}
+
+void prepare(const LossArgs& args, float* class_w, float* bias, cudaStream_t stream) {
+  prepare_kernel<<<1, kWideThreads, 0, stream>>>(args);
+  DView f32row{nullptr, int(Dtype::f32), 0, 1};
+  if (class_w) {
+    DView src = args.class_weights;
+    src.s1 = src.s0, src.s0 = 0;
+    f32row.data = class_w;
+    convert(src, 0, 0, f32row, 0, 0, 1, args.v, stream);
+  }
+  if (bias) {
+    DView src = args.bias;
+    src.s1 = src.s0, src.s0 = 0;
+    f32row.data = bias;
+    convert(src, 0, 0, f32row, 0, 0, 1, args.v, stream);
+  }
+}
+
+void tile_states(const LossArgs& args, const ScoreTile& tile, int64_t t, int64_t tiles,
+                 int64_t state_r0, TileState* states, cudaStream_t stream) {
+  tile_states_kernel<<<unsigned(tile.rows), kThreads, 0, stream>>>(args, tile, t, tiles, state_r0,
+                                                                  states);
+}
+
+void merge_rows(const LossArgs& args, const TileState* states, int64_t tiles, int64_t r0,
+                int64_t rows, bool have_states, cudaStream_t stream) {
+  merge_rows_kernel<<<unsigned(blocks_for(rows, 128, INT_MAX)), 128, 0, stream>>>(
+      args, states, tiles, r0, rows, have_states);
+}
+
+void reduce_loss(const LossArgs& args, cudaStream_t stream) {
+  reduce_loss_kernel<<<1, kWideThreads, 0, stream>>>(args);
+}
+
+void dlogits(const LossArgs& args, const ScoreTile& tile, void* g, Dtype g_dtype, int64_t g_ld,
+             DView grad_logits, Dtype round_to, cudaStream_t stream) {
+  const dim3 grid(unsigned(blocks_for(tile.cols, kThreads, 8)), unsigned(tile.rows));
+  dlogits_kernel<<<grid, kThreads, 0, stream>>>(args, tile, g, g_dtype, g_ld, grad_logits,
+                                                round_to);
+}
+
+void column_sums(const void* g, Dtype g_dtype, int64_t g_ld, int64_t rows, int64_t cols,
+                 double* acc, cudaStream_t stream) {
+  column_sums_kernel<<<unsigned(blocks_for(cols, kThreads, INT_MAX)), kThreads, 0, stream>>>(
+      g, g_dtype, g_ld, rows, cols, acc);
+}
+
+void convert(DView src, int64_t sr0, int64_t sc0, DView dst, int64_t dr0, int64_t dc0,
+             int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return;
+  convert_kernel<<<unsigned(blocks_for(rows * cols, kThreads, 4096)), kThreads, 0, stream>>>(
+      src, sr0, sc0, dst, dr0, dc0, rows, cols);
+}
+
+void store_f64_vector(const double* src, int64_t n, DView dst, cudaStream_t stream) {
+  store_vector_kernel<<<unsigned(blocks_for(n, kThreads, INT_MAX)), kThreads, 0, stream>>>(src, n,
+                                                                                       dst);
+}
+
+std::string last_launch_error(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) return "";
+  return std::string("cuda backend: ") + what + ": " + cudaGetErrorString(e);
+}
+
+}  // namespace flce::cuda

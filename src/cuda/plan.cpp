@@ -1,0 +1,134 @@
+#include "cuda/plan.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+namespace flce::cuda {
+namespace {
+
+constexpr int64_t kTileRows = 2048, kTileCols = 2048;
+constexpr size_t kBlockBytes = size_t(256) << 20;  // the G block
+constexpr size_t kStateBytes = size_t(64) << 20;   // pass 1's tile states
+
+// FLCE_CUDA_TILE=RxC overrides the score tile (for tuning sweeps, see bench/).
+void tile_from_env(int64_t* rows, int64_t* cols) {
+  const char* env = std::getenv("FLCE_CUDA_TILE");
+  if (env == nullptr) return;
+  long long r = 0, c = 0;
+  if (std::sscanf(env, "%lldx%lld", &r, &c) == 2 && r > 0 && c > 0) *rows = r, *cols = c;
+}
+
+int64_t round_down(int64_t v, int64_t m) { return std::max(m, v / m * m); }
+int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+bool unit_columns(const Tensor& t) { return t.shape[1] == 1 || t.stride[1] == 1; }
+
+}  // namespace
+
+Plan make_plan(const Problem& p, Pass pass) {
+  Plan plan;
+  plan.d = dims_of(p);
+  plan.pass = pass;
+  const int64_t N = plan.d.n, V = plan.d.v, H = plan.d.h;
+  plan.storage = p.logits.present() ? p.logits.dtype : p.x.dtype;
+  const bool storage_g = p.options.grad_logits_dtype == GradLogitsDtype::storage;
+  plan.grad_gemm = storage_g ? plan.storage : Dtype::f32;
+  plan.round_to = storage_g ? plan.storage : Dtype::f32;
+  plan.grads = pass != Pass::forward;
+  plan.states_pass = pass != Pass::backward || p.grad_entropy.present();
+
+  int64_t tr = kTileRows, tc = kTileCols;
+  tile_from_env(&tr, &tc);
+  plan.tile_rows = std::min(tr, N);
+  plan.tile_cols = std::min(tc, V);
+  plan.tiles = (V + plan.tile_cols - 1) / plan.tile_cols;
+  const int64_t per_row = plan.tiles * int64_t(sizeof(TileState));
+  plan.state_rows = std::min(N, round_down(int64_t(kStateBytes) / per_row, plan.tile_rows));
+
+  if (plan.grads && !plan.d.logits_entry) {
+    const int64_t g_size = int64_t(dtype_size(plan.grad_gemm));
+    plan.block_rows = std::min(N, round_down(int64_t(kBlockBytes) / (plan.tile_cols * g_size),
+                                             plan.tile_rows));
+    const int64_t cols = int64_t(kBlockBytes) / (plan.block_rows * g_size);
+    plan.block_cols = std::min(round_up(V, plan.tile_cols), round_down(cols, plan.tile_cols));
+    plan.grad_x_in_place = p.grad_x.present() && p.grad_x.dtype == Dtype::f32 && unit_columns(p.grad_x);
+    plan.grad_w_in_place = p.grad_w.present() && p.grad_w.dtype == Dtype::f32 && unit_columns(p.grad_w);
+    const bool gemm_dtype = p.grad_w.present() &&
+                            (p.grad_w.dtype == Dtype::f32 || p.grad_w.dtype == plan.grad_gemm);
+    plan.grad_w_direct = !plan.grad_w_in_place && gemm_dtype && unit_columns(p.grad_w) &&
+                         plan.block_rows >= N;
+    (void)H;
+  }
+  return plan;
+}
+
+namespace {
+
+// Byte sizes of the Workspace members, in declaration order.
+struct Sizes {
+  size_t bytes[13] = {};
+};
+
+Sizes sizes_of(const Plan& plan, const Problem& p) {
+  const int64_t N = plan.d.n, V = plan.d.v, H = plan.d.h;
+  const bool head = !plan.d.logits_entry;
+  const bool gemms = plan.grads && head;
+  const size_t g_size = dtype_size(plan.grad_gemm);
+  Sizes s;
+  s.bytes[0] = sizeof(Scalars);
+  s.bytes[1] = size_t(N) * sizeof(RowInfo);
+  s.bytes[2] = size_t(N) * 8;
+  s.bytes[3] = p.class_weights.present() ? size_t(V) * 4 : 0;
+  s.bytes[4] = p.bias.present() ? size_t(V) * 4 : 0;
+  s.bytes[5] = plan.states_pass ? size_t(plan.state_rows * plan.tiles) * sizeof(TileState) : 0;
+  s.bytes[6] = size_t(plan.tile_rows * plan.tile_cols) * 4;
+  s.bytes[7] = gemms ? size_t(plan.block_rows * plan.block_cols) * g_size : 0;
+  s.bytes[8] = gemms && p.grad_x.present() && !plan.grad_x_in_place ? size_t(N * H) * 4 : 0;
+  s.bytes[9] = gemms && p.grad_w.present() && !plan.grad_w_in_place && !plan.grad_w_direct
+                   ? size_t(plan.block_cols * H) * 4
+                   : 0;
+  s.bytes[10] = plan.grads && p.grad_bias.present() ? size_t(V) * 8 : 0;
+  const bool convert = gemms && plan.grad_gemm != plan.storage;
+  s.bytes[11] = convert ? size_t(plan.block_rows * H) * g_size : 0;
+  s.bytes[12] = convert ? size_t(plan.block_cols * H) * g_size : 0;
+  return s;
+}
+
+constexpr size_t kAlign = 256;
+size_t aligned(size_t b) { return (b + kAlign - 1) / kAlign * kAlign; }
+
+}  // namespace
+
+size_t workspace_bytes(const Plan& plan, const Problem& p) {
+  size_t total = 0;
+  for (size_t b : sizes_of(plan, p).bytes) total += aligned(b);
+  return total;
+}
+
+Workspace carve_workspace(const Plan& plan, const Problem& p, void* base) {
+  const Sizes s = sizes_of(plan, p);
+  char* at = static_cast<char*>(base);
+  void* ptr[13];
+  for (int k = 0; k < 13; ++k) {
+    ptr[k] = s.bytes[k] ? at : nullptr;
+    at += aligned(s.bytes[k]);
+  }
+  Workspace ws;
+  ws.scalars = static_cast<Scalars*>(ptr[0]);
+  ws.rows = static_cast<RowInfo*>(ptr[1]);
+  ws.row_loss = static_cast<double*>(ptr[2]);
+  ws.class_w = static_cast<float*>(ptr[3]);
+  ws.bias = static_cast<float*>(ptr[4]);
+  ws.states = static_cast<TileState*>(ptr[5]);
+  ws.scores = static_cast<float*>(ptr[6]);
+  ws.g = ptr[7];
+  ws.grad_x_acc = static_cast<float*>(ptr[8]);
+  ws.grad_w_acc = static_cast<float*>(ptr[9]);
+  ws.grad_b_acc = static_cast<double*>(ptr[10]);
+  ws.x_grad = ptr[11];
+  ws.w_grad = ptr[12];
+  return ws;
+}
+
+}  // namespace flce::cuda

@@ -1,0 +1,63 @@
+// src/cuda/plan.h: how the `cuda` backend cuts a problem into tiles, and
+// the device workspace that follows from it (internal).
+//
+// Two levels of tiling, both over [rows x vocabulary]:
+//   score tile      [tile_rows x tile_cols] f32: one GEMM writes the raw
+//                   logits, one kernel reads them right after, while they
+//                   are still in L2 (16 MiB by default).
+//   gradient block  [block_rows x block_cols] of G (dlogits) in the
+//                   gradient GEMMs' dtype, assembled from score tiles, then
+//                   fed to grad_x += G W_block and grad_W_block (+)= G^T X.
+//                   Large, so both GEMMs have a long K (256 MiB by default).
+// The pass over the vocabulary for lse (pass 1) keeps one TileState per
+// (row, score tile) for state_rows rows at a time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda/kernels.h"
+#include "flce/flce.h"
+#include "validate.h"
+
+namespace flce::cuda {
+
+struct Plan {
+  Dims d;
+  Pass pass = Pass::forward;
+  Dtype storage = Dtype::f32;    // x, W and bias, or the logits
+  Dtype grad_gemm = Dtype::f32;  // G, X and W in the gradient GEMMs
+  Dtype round_to = Dtype::f32;   // G is rounded to this (grad_logits_dtype = storage)
+  bool states_pass = false;      // pass 1 (lse, outputs, sbar) runs
+  bool grads = false;            // pass 2 (dlogits and the gradients) runs
+  int64_t tile_rows = 0, tile_cols = 0, tiles = 0;
+  int64_t state_rows = 0;
+  int64_t block_rows = 0, block_cols = 0;
+  bool grad_x_in_place = false;  // grad_x is f32 with unit column stride
+  bool grad_w_in_place = false;  // grad_w is f32 with unit column stride
+  bool grad_w_direct = false;    // one row block: the GEMM writes grad_w as is
+};
+
+Plan make_plan(const Problem& p, Pass pass);
+
+// Device scratch, carved from one allocation (null where not needed).
+struct Workspace {
+  Scalars* scalars = nullptr;
+  RowInfo* rows = nullptr;        // [N]
+  double* row_loss = nullptr;     // [N]
+  float* class_w = nullptr;       // [V]
+  float* bias = nullptr;          // [V]
+  TileState* states = nullptr;    // [state_rows, tiles]
+  float* scores = nullptr;        // [tile_rows, tile_cols]
+  void* g = nullptr;              // [block_rows, block_cols] in grad_gemm
+  float* grad_x_acc = nullptr;    // [N, H]
+  float* grad_w_acc = nullptr;    // [block_cols, H]
+  double* grad_b_acc = nullptr;   // [V]
+  void* x_grad = nullptr;         // [block_rows, H] X in grad_gemm, when it is not x's dtype
+  void* w_grad = nullptr;         // [block_cols, H] W's block likewise (as [V, H])
+};
+
+size_t workspace_bytes(const Plan& plan, const Problem& p);
+Workspace carve_workspace(const Plan& plan, const Problem& p, void* base);
+
+}  // namespace flce::cuda
