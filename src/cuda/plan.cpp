@@ -1,6 +1,7 @@
 #include "cuda/plan.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -11,9 +12,11 @@ constexpr int64_t kTileRows = 2048, kTileCols = 2048;
 constexpr size_t kBlockBytes = size_t(256) << 20;  // the G block
 constexpr size_t kStateBytes = size_t(64) << 20;   // pass 1's tile states
 
-// FLCE_CUDA_TILE=RxC overrides the score tile (for tuning sweeps, see bench/).
-void tile_from_env(int64_t* rows, int64_t* cols) {
-  const char* env = std::getenv("FLCE_CUDA_TILE");
+// FLCE_CUDA_TILE=RxC overrides the score tile and FLCE_CUDA_BLOCK=RxC the
+// gradient block (rounded to whole tiles): tuning sweeps (bench/) and tests
+// that need many tiles and blocks on small problems.
+void size_from_env(const char* name, int64_t* rows, int64_t* cols) {
+  const char* env = std::getenv(name);
   if (env == nullptr) return;
   long long r = 0, c = 0;
   if (std::sscanf(env, "%lldx%lld", &r, &c) == 2 && r > 0 && c > 0) *rows = r, *cols = c;
@@ -39,7 +42,7 @@ Plan make_plan(const Problem& p, Pass pass) {
   plan.states_pass = pass != Pass::backward || p.grad_entropy.present();
 
   int64_t tr = kTileRows, tc = kTileCols;
-  tile_from_env(&tr, &tc);
+  size_from_env("FLCE_CUDA_TILE", &tr, &tc);
   plan.tile_rows = std::min(tr, N);
   plan.tile_cols = std::min(tc, V);
   plan.tiles = (V + plan.tile_cols - 1) / plan.tile_cols;
@@ -52,6 +55,12 @@ Plan make_plan(const Problem& p, Pass pass) {
                                              plan.tile_rows));
     const int64_t cols = int64_t(kBlockBytes) / (plan.block_rows * g_size);
     plan.block_cols = std::min(round_up(V, plan.tile_cols), round_down(cols, plan.tile_cols));
+    int64_t br = 0, bc = 0;
+    size_from_env("FLCE_CUDA_BLOCK", &br, &bc);
+    if (br > 0) {
+      plan.block_rows = std::min(N, round_down(br, plan.tile_rows));
+      plan.block_cols = std::min(round_up(V, plan.tile_cols), round_down(bc, plan.tile_cols));
+    }
     plan.grad_x_in_place = p.grad_x.present() && p.grad_x.dtype == Dtype::f32 && unit_columns(p.grad_x);
     plan.grad_w_in_place = p.grad_w.present() && p.grad_w.dtype == Dtype::f32 && unit_columns(p.grad_w);
     const bool gemm_dtype = p.grad_w.present() &&

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "common/float16.h"
+#include "cuda/device_copy.h"
 
 namespace flce_test {
 namespace {
@@ -325,11 +326,21 @@ Outputs run_library(const DenseProblem& d, const Storage& st, const Request& rq)
   p.grad_logits = rq.in_place && bwd && rq.gradients ? logits.view() : grad_logits.view();
 
   Outputs out;
-  switch (rq.pass) {
-    case flce::Pass::forward: out.status = flce::forward(p, rq.config); break;
-    case flce::Pass::backward: out.status = flce::backward(p, rq.config); break;
-    case flce::Pass::loss_and_grad: out.status = flce::loss_and_grad(p, rq.config); break;
+  // The cuda backend runs on device copies of the arrays (outputs included,
+  // so unwritten ones keep their poison), copied back afterwards.
+  flce::cuda::DeviceProblem on_device;
+  const bool cuda = rq.config.backend == "cuda";
+  if (cuda) {
+    out.status.error = on_device.upload(p, 0);
+    if (!out.status.ok()) return out;
   }
+  const flce::Problem& run = cuda ? on_device.problem() : p;
+  switch (rq.pass) {
+    case flce::Pass::forward: out.status = flce::forward(run, rq.config); break;
+    case flce::Pass::backward: out.status = flce::backward(run, rq.config); break;
+    case flce::Pass::loss_and_grad: out.status = flce::loss_and_grad(run, rq.config); break;
+  }
+  if (cuda && out.status.ok()) out.status.error = on_device.download(p);
   if (fwd) {
     out.loss = loss.values();
     out.lse = lse.values();

@@ -1,0 +1,291 @@
+// The cuda backend against the brute force under the float32 tolerance
+// policy (the cpu backend's: f32 accumulation and logits, dlogits cast to the
+// storage dtype when grad_logits_dtype = storage): every option, dtype,
+// layout and entry, with tiles and gradient blocks shrunk (FLCE_CUDA_TILE,
+// FLCE_CUDA_BLOCK) so that small problems cross many of their edges; and the
+// same bytes on every run. Without a usable GPU every test that needs one
+// is skipped with the reason (ctest shows it as skipped, never as passed).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <limits>
+#include <string>
+
+#include "cuda/device_copy.h"
+#include "flce/flce.h"
+#include "support/agreement.h"
+
+namespace flce_test {
+namespace {
+
+using flce::Dtype;
+using flce::GradLogitsDtype;
+using flce::Pass;
+using flce::Reduction;
+using flce::WeightLayout;
+
+// Why the cuda backend cannot run here, or "".
+std::string gpu_missing() {
+  if (!flce::cuda::built_with_cuda()) return "flce was built without CUDA (FLCE_CUDA)";
+  for (const auto& b : flce::list_backends()) {
+    if (b.name != "cuda") continue;
+    const std::string declines = "declines every problem here: ";
+    if (b.description.rfind(declines, 0) == 0) return b.description.substr(declines.size());
+    return "";
+  }
+  return "no backend named cuda is listed";
+}
+
+#define SKIP_WITHOUT_GPU()                                           \
+  do {                                                               \
+    if (const std::string why = gpu_missing(); !why.empty())         \
+      GTEST_SKIP() << "no GPU for the cuda backend: " << why;        \
+  } while (0)
+
+// Score tiles of 8 x 16 and gradient blocks of 16 x 32 (unless a test sets
+// its own): every problem below spans several of each.
+class CudaGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SKIP_WITHOUT_GPU();
+    setenv("FLCE_CUDA_TILE", "8x16", 1);
+    setenv("FLCE_CUDA_BLOCK", "16x32", 1);
+  }
+  void TearDown() override {
+    unsetenv("FLCE_CUDA_TILE");
+    unsetenv("FLCE_CUDA_BLOCK");
+  }
+};
+
+flce::RunConfig cuda() {
+  flce::RunConfig config;
+  config.backend = "cuda";
+  return config;
+}
+
+Case head(int64_t n, int64_t h, int64_t v, uint64_t seed = 1) {
+  Case c = Case::head(n, h, v, seed);
+  c.stored_as(Dtype::f32).outputs_as(Dtype::f64);
+  return c;
+}
+Case logits(int64_t n, int64_t v, uint64_t seed = 1) {
+  Case c = Case::logits(n, v, seed);
+  c.stored_as(Dtype::f32).outputs_as(Dtype::f64);
+  return c;
+}
+
+Precision cuda_precision(const DenseProblem& d, const Storage& st) {
+  Precision p;
+  p.u_accum = 0x1p-24;
+  p.u_store = 0x1p-24;
+  p.u_out = unit_roundoff(st.outputs);
+  const bool cast = d.options.grad_logits_dtype == GradLogitsDtype::storage;
+  p.u_grad = cast && st.inputs != Dtype::f32 ? unit_roundoff(st.inputs) : 0.0;
+  return p;
+}
+
+void check(const DenseProblem& d, const Storage& st, Pass pass = Pass::loss_and_grad,
+           bool in_place = false) {
+  expect_agreement(d, st, pass, cuda(), cuda_precision(d, st), in_place);
+}
+
+void check_all_passes(const Case& c) {
+  for (Pass pass : {Pass::forward, Pass::backward, Pass::loss_and_grad}) {
+    SCOPED_TRACE(flce::pass_name(pass));
+    check(c.problem(), c.storage(), pass);
+  }
+}
+
+// ---- Runs everywhere: listed, and declines host memory -----------------------
+
+TEST(CudaBasics, ListedWithWhatItIsOrWhyItDeclines) {
+  bool listed = false;
+  for (const auto& b : flce::list_backends()) {
+    if (b.name != "cuda") continue;
+    listed = true;
+    EXPECT_FALSE(b.description.empty());
+  }
+  EXPECT_TRUE(listed);
+}
+
+TEST(CudaBasics, ForcedOnHostTensorsIsAnErrorThatSaysSo) {
+  // Host arrays, no device copy: the library is called directly.
+  flce::Problem p;
+  float x[12] = {}, w[20] = {};
+  int64_t y[3] = {0, 1, 2};
+  float loss = 0, lse[3];
+  p.x = flce::matrix_view(x, Dtype::f32, 3, 4);
+  p.w = flce::matrix_view(w, Dtype::f32, 5, 4);
+  p.labels = flce::vector_view(y, Dtype::i64, 3);
+  p.loss = flce::scalar_view(&loss, Dtype::f32);
+  p.lse = flce::vector_view(lse, Dtype::f32, 3);
+  const flce::Status s = flce::forward(p, cuda());
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.error.find("cuda"), std::string::npos) << s.error;
+  if (flce::cuda::built_with_cuda() && gpu_missing().empty())
+    EXPECT_NE(s.error.find("host"), std::string::npos) << s.error;
+}
+
+// ---- Agreement with the oracle -------------------------------------------------
+
+TEST_F(CudaGpu, EachOptionAlone) {
+  check_all_passes(head(5, 7, 11));
+  check_all_passes(head(5, 6, 9).logit_scale(0.6));
+  check_all_passes(head(5, 6, 9).softcap(2.5).logit_magnitude(8));
+  check_all_passes(head(5, 6, 9).label_smoothing(0.2));
+  check_all_passes(head(5, 6, 9).z_loss(0.05));
+  check_all_passes(head(5, 6, 9).with_bias());
+  check_all_passes(head(5, 6, 9).with_token_weights());
+  check_all_passes(head(5, 6, 9).with_class_weights().label_smoothing(0.1));
+  check_all_passes(head(5, 6, 9).ignore_index(3).ignore_rows({0, 4}));
+  check_all_passes(head(5, 6, 9).layout(WeightLayout::hv));
+  for (Reduction r : {Reduction::none, Reduction::sum, Reduction::mean})
+    check_all_passes(head(5, 6, 9).reduction(r).with_grad_loss().with_grad_lse().with_grad_entropy());
+}
+
+TEST_F(CudaGpu, HeadEntrySweep) {
+  uint64_t seed = 300;
+  for (Reduction r : {Reduction::none, Reduction::sum, Reduction::mean})
+    for (WeightLayout layout : {WeightLayout::vh, WeightLayout::hv})
+      for (int extras = 0; extras < 4; ++extras)  // bit 0: bias + weights, bit 1: cotangents
+        for (double k : {0.0, 2.5})
+          for (double e : {0.0, 0.15}) {
+            SCOPED_TRACE("reduction " + std::to_string(int(r)) + " layout " +
+                         std::to_string(int(layout)) + " extras " + std::to_string(extras) +
+                         " softcap " + std::to_string(k) + " smoothing " + std::to_string(e));
+            Case c = head(37, 5, 70, ++seed).layout(layout).reduction(r).softcap(k)
+                         .label_smoothing(e).z_loss(0.05).logit_scale(1.5).ignore_rows({2, 20})
+                         .logit_magnitude(6);
+            if (extras & 1) c.with_bias().with_token_weights().with_class_weights();
+            if (extras & 2) c.with_grad_loss().with_grad_lse().with_grad_entropy();
+            check(c.problem(), c.storage());
+          }
+}
+
+TEST_F(CudaGpu, LogitsEntrySweep) {
+  uint64_t seed = 700;
+  for (Reduction r : {Reduction::none, Reduction::mean})
+    for (double k : {0.0, 2.5})
+      for (int cot = 0; cot < 2; ++cot) {
+        Case c = logits(21, 41, ++seed).reduction(r).softcap(k).label_smoothing(0.15)
+                     .z_loss(0.01).logit_scale(0.75).ignore_rows({1}).with_class_weights();
+        if (cot) c.with_grad_loss().with_grad_lse().with_grad_entropy();
+        check_all_passes(c);
+      }
+}
+
+TEST_F(CudaGpu, InPlaceGradLogits) {
+  for (Dtype dtype : {Dtype::f32, Dtype::bf16, Dtype::f16}) {
+    const Case c = logits(19, 37).stored_as(dtype).outputs_as(Dtype::f32).gradients_as(dtype)
+                       .softcap(3).with_grad_entropy();
+    for (Pass pass : {Pass::backward, Pass::loss_and_grad}) check(c.problem(), c.storage(), pass, true);
+  }
+}
+
+TEST_F(CudaGpu, DtypesLayoutsAndGradientDtypes) {
+  for (Dtype dtype : {Dtype::f32, Dtype::bf16, Dtype::f16}) {
+    SCOPED_TRACE(flce::dtype_name(dtype));
+    for (WeightLayout layout : {WeightLayout::vh, WeightLayout::hv}) {
+      check_all_passes(head(23, 9, 45).layout(layout).with_bias().stored_as(dtype).softcap(4));
+      check_all_passes(head(23, 9, 40).layout(layout).stored_as(dtype).gradients_as(dtype));
+      check_all_passes(head(23, 9, 40).layout(layout).stored_as(dtype).outputs_as(Dtype::f32));
+    }
+    check_all_passes(logits(23, 45).stored_as(dtype).label_smoothing(0.1));
+  }
+}
+
+TEST_F(CudaGpu, GradLogitsInTheStorageDtype) {
+  for (Dtype dtype : {Dtype::f32, Dtype::bf16, Dtype::f16})
+    for (WeightLayout layout : {WeightLayout::vh, WeightLayout::hv})
+      for (Dtype grads : {Dtype::f32, dtype}) {
+        SCOPED_TRACE(std::string(flce::dtype_name(dtype)) + " grads " + flce::dtype_name(grads));
+        DenseProblem d = head(27, 9, 75).layout(layout).stored_as(dtype).gradients_as(grads)
+                             .with_bias().with_grad_entropy().problem();
+        d.options.grad_logits_dtype = GradLogitsDtype::storage;
+        Storage st = head(1, 1, 1).stored_as(dtype).gradients_as(grads).storage();
+        check(d, st, Pass::loss_and_grad);
+        check(d, st, Pass::backward);
+      }
+}
+
+// Tile and block edges: N and V just below, at and above multiples of the
+// tile (8 x 16) and block (16 x 32), and one tile larger than the problem.
+TEST_F(CudaGpu, RowsAndVocabAroundTilesAndBlocks) {
+  for (int64_t n : {1, 7, 8, 9, 16, 17, 33})
+    for (int64_t v : {1, 15, 16, 17, 32, 33, 65}) {
+      SCOPED_TRACE("N = " + std::to_string(n) + ", V = " + std::to_string(v));
+      check(head(n, 3, v).with_bias().label_smoothing(0.1).with_grad_entropy().problem(),
+            head(1, 1, 1).storage());
+    }
+  setenv("FLCE_CUDA_TILE", "4096x4096", 1);
+  check_all_passes(head(9, 5, 33).with_bias());
+}
+
+TEST_F(CudaGpu, LargeLogits) {
+  for (double m : {100.0, 1000.0}) {
+    SCOPED_TRACE("|z| ~ " + std::to_string(m));
+    check_all_passes(head(9, 6, 40).with_bias().logit_magnitude(m));
+    check_all_passes(head(9, 6, 40).logit_magnitude(m).label_smoothing(0.1).with_grad_entropy());
+    check_all_passes(head(9, 6, 40).logit_magnitude(m).softcap(30));
+    check_all_passes(logits(9, 40).logit_magnitude(m).with_grad_lse());
+  }
+}
+
+TEST_F(CudaGpu, AllRowsIgnored) {
+  check_all_passes(head(4, 5, 9).ignore_rows({0, 1, 2, 3}));
+  check_all_passes(head(4, 5, 9).ignore_rows({0, 1, 2, 3}).with_grad_lse().with_grad_entropy());
+}
+
+TEST_F(CudaGpu, NaNAndInfRows) {
+  constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  for (double bad : {kNaN, kInf, -kInf}) {
+    SCOPED_TRACE("value " + std::to_string(bad));
+    const Case c = head(9, 6, 41).reduction(Reduction::none);
+    DenseProblem d = c.problem();
+    d.x[2 * d.h + 3] = bad;
+    d.w[7 * d.h + 1] = bad;  // class 7's logit is non-finite in every row
+    check(d, c.storage(), Pass::loss_and_grad);
+    check(d, c.storage(), Pass::forward);
+  }
+}
+
+TEST_F(CudaGpu, DefaultTilesOnALargerProblem) {
+  unsetenv("FLCE_CUDA_TILE");
+  unsetenv("FLCE_CUDA_BLOCK");
+  for (Dtype dtype : {Dtype::f32, Dtype::bf16}) {
+    SCOPED_TRACE(flce::dtype_name(dtype));
+    check_all_passes(head(2100, 24, 4200, 9).stored_as(dtype).with_bias().softcap(20)
+                         .with_grad_entropy());
+  }
+}
+
+TEST_F(CudaGpu, BadLabelOnTheDeviceIsAnError) {
+  DenseProblem d = head(6, 4, 9).problem();
+  d.labels[4] = 9;  // V = 9: out of range
+  Request rq;
+  rq.config = cuda();
+  const Outputs out = run_library(d, head(1, 1, 1).storage(), rq);
+  ASSERT_FALSE(out.status.ok());
+  EXPECT_NE(out.status.error.find("labels[4] = 9"), std::string::npos) << out.status.error;
+}
+
+// ---- Determinism ------------------------------------------------------------
+
+TEST_F(CudaGpu, SameBytesOnEveryRun) {
+  unsetenv("FLCE_CUDA_TILE");
+  unsetenv("FLCE_CUDA_BLOCK");
+  for (const Case& c : {head(3000, 64, 5000, 5).with_bias().with_token_weights().softcap(3)
+                            .label_smoothing(0.1).with_grad_entropy().stored_as(Dtype::bf16),
+                        head(700, 96, 2100).layout(WeightLayout::hv).reduction(Reduction::sum),
+                        logits(300, 4099).reduction(Reduction::none).with_grad_loss()}) {
+    Request rq;
+    rq.config = cuda();
+    const Outputs first = run_library(c.problem(), c.storage(), rq);
+    ASSERT_TRUE(first.status.ok()) << first.status.error;
+    for (int run = 0; run < 3; ++run) expect_identical_outputs(run_library(c.problem(), c.storage(), rq), first);
+  }
+}
+
+}  // namespace
+}  // namespace flce_test
