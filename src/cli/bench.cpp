@@ -17,7 +17,9 @@
 
 #include "cli/args.h"
 #include "cli/bench_problem.h"
+#include "cli/inputs.h"
 #include "cpu/gemm/gemm.h"
+#include "cuda/device_copy.h"
 #include "flce/flce.h"
 #include "simd/kernels.h"
 
@@ -40,13 +42,6 @@ const std::vector<Flag>& bench_flags() {
       {"help", nullptr, "show this help"},
   };
   return flags;
-}
-
-struct Failure {
-  std::string message;
-};
-void check(const std::string& e) {
-  if (!e.empty()) throw Failure{e};
 }
 
 double now() {
@@ -113,31 +108,14 @@ Setup read_setup(const Args& args) {
   return s;
 }
 
-int run_bench(const Args& args) {
-  const Setup s = read_setup(args);
-  const Pass pass = s.pass == 0 ? Pass::forward : s.pass == 1 ? Pass::backward : Pass::loss_and_grad;
-  BenchProblem bp(s.n, s.h, s.v, s.dtype, s.options);
-  Problem p = bp.problem(pass);
-  if (pass == Pass::backward) {  // backward reads the lse a forward wrote
-    const Status fs = forward(bp.problem(Pass::forward), s.config);
-    if (!fs.ok()) throw Failure{fs.error};
-  }
-  size_t workspace = 0;
-  Status st = workspace_size(p, pass, s.config, &workspace);
-  if (!st.ok()) throw Failure{st.error};
-  const long rss_before = peak_rss_bytes();
-  const Timing t = time_reps(s.reps, [&] {
-    st = pass == Pass::forward ? forward(p, s.config)
-         : pass == Pass::backward ? backward(p, s.config) : loss_and_grad(p, s.config);
-    if (!st.ok()) throw Failure{st.error};
-  });
-  const long peak_extra = std::max(0L, peak_rss_bytes() - rss_before);
+Status call(const Problem& p, Pass pass, const RunConfig& config) {
+  return pass == Pass::forward ? forward(p, config)
+         : pass == Pass::backward ? backward(p, config) : loss_and_grad(p, config);
+}
 
-  const cpu::GemmEngine* engine = bench_engine(s.dtype, s.config.gemm);
-  const bool native = engine->supports(s.dtype);
-  const Timing g = native ? time_reps(s.reps, [&] { logits_gemm_seconds(*engine, bp, s.threads); })
-                          : Timing{};
-  const double gemms = pass == Pass::forward ? 1 : 3;
+void print_result(const Setup& s, const Timing& t, double gemm_seconds, long peak_extra,
+                  size_t workspace, const std::string& backend, const char* gemm, const char* isa) {
+  const double gemms = s.pass == 0 ? 1 : 3;
   const double flops = 2.0 * double(s.n) * double(s.h) * double(s.v) * gemms;
   std::printf(
       "{\"n\": %lld, \"h\": %lld, \"v\": %lld, \"dtype\": \"%s\", \"pass\": \"%s\", "
@@ -148,9 +126,62 @@ int run_bench(const Args& args) {
       (long long)s.n, (long long)s.h, (long long)s.v, dtype_name(s.dtype),
       s.pass == 0 ? "fwd" : s.pass == 1 ? "bwd" : "step", s.options.softcap,
       s.options.grad_logits_dtype == GradLogitsDtype::f32 ? "f32" : "storage", t.median, t.min,
-      double(s.n) / t.median, flops / t.median * 1e-9, g.median * gemms,
-      native ? t.median / (g.median * gemms) : 0.0, peak_extra, workspace, st.backend.c_str(),
-      engine->name(), simd::best_kernels().isa, s.threads);
+      double(s.n) / t.median, flops / t.median * 1e-9, gemm_seconds * gemms,
+      gemm_seconds > 0 ? t.median / (gemm_seconds * gemms) : 0.0, peak_extra, workspace,
+      backend.c_str(), gemm, isa, s.threads);
+}
+
+// --backend cuda: the problem copied to GPU 0 once, each call timed to a
+// device synchronize, against cuBLAS' logits GEMM of the same shape and
+// dtype. peak_extra_bytes is the device workspace the call allocates.
+int run_bench_on_device(const Setup& s, Pass pass, BenchProblem& bp) {
+  if (pass == Pass::backward) {  // backward reads the lse a forward wrote
+    const Status fs = call_on_host_arrays(bp.problem(Pass::forward), Pass::forward, s.config);
+    if (!fs.ok()) throw Failure{fs.error};
+  }
+  cuda::DeviceProblem device;
+  if (auto e = device.upload(bp.problem(pass), 0); !e.empty()) throw Failure{"backend = cuda: " + e};
+  const Problem& p = device.problem();
+  size_t workspace = 0;
+  Status st = workspace_size(p, pass, s.config, &workspace);
+  if (!st.ok()) throw Failure{st.error};
+  const Timing t = time_reps(s.reps, [&] {
+    st = call(p, pass, s.config);
+    if (!st.ok()) throw Failure{st.error};
+    check(cuda::synchronize());
+  });
+  double gemm = 0;
+  check(cuda::time_logits_gemm(p, s.reps, &gemm));
+  print_result(s, t, gemm, long(workspace), workspace, st.backend, "cublas", "cuda");
+  return 0;
+}
+
+int run_bench(const Args& args) {
+  const Setup s = read_setup(args);
+  const Pass pass = s.pass == 0 ? Pass::forward : s.pass == 1 ? Pass::backward : Pass::loss_and_grad;
+  BenchProblem bp(s.n, s.h, s.v, s.dtype, s.options);
+  if (wants_device(s.config)) return run_bench_on_device(s, pass, bp);
+  Problem p = bp.problem(pass);
+  if (pass == Pass::backward) {  // backward reads the lse a forward wrote
+    const Status fs = forward(bp.problem(Pass::forward), s.config);
+    if (!fs.ok()) throw Failure{fs.error};
+  }
+  size_t workspace = 0;
+  Status st = workspace_size(p, pass, s.config, &workspace);
+  if (!st.ok()) throw Failure{st.error};
+  const long rss_before = peak_rss_bytes();
+  const Timing t = time_reps(s.reps, [&] {
+    st = call(p, pass, s.config);
+    if (!st.ok()) throw Failure{st.error};
+  });
+  const long peak_extra = std::max(0L, peak_rss_bytes() - rss_before);
+
+  const cpu::GemmEngine* engine = bench_engine(s.dtype, s.config.gemm);
+  const bool native = engine->supports(s.dtype);
+  const Timing g = native ? time_reps(s.reps, [&] { logits_gemm_seconds(*engine, bp, s.threads); })
+                          : Timing{};
+  print_result(s, t, native ? g.median : 0.0, peak_extra, workspace, st.backend, engine->name(),
+               simd::best_kernels().isa);
   return 0;
 }
 

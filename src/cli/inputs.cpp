@@ -1,8 +1,10 @@
 #include "cli/inputs.h"
 
+#include <cstdlib>
 #include <utility>
 
 #include "common/tensor_access.h"
+#include "cuda/device_copy.h"
 
 namespace flce::cli {
 namespace {
@@ -110,6 +112,37 @@ io::NpyArray load_labels(const Args& args) {
     throw Failure{"--labels " + args.get("labels") + ": dtype " + dtype_name(a.dtype) +
                   "; labels must be int32 or int64"};
   return a;
+}
+
+bool wants_device(const RunConfig& config) {
+  std::string name = config.backend;
+  if (name.empty()) {
+    const char* env = std::getenv("FLCE_BACKEND");
+    name = env ? env : "";
+  }
+  return name == "cuda";
+}
+
+Status call_on_host_arrays(const Problem& host, Pass pass, const RunConfig& config) {
+  auto call = [&](const Problem& p) {
+    switch (pass) {
+      case Pass::forward: return forward(p, config);
+      case Pass::backward: return backward(p, config);
+      case Pass::loss_and_grad: return loss_and_grad(p, config);
+    }
+    return Status{"unknown pass", ""};
+  };
+  if (!wants_device(config)) return call(host);
+  cuda::DeviceProblem device;
+  Status status;
+  status.error = device.upload(host, 0);
+  if (!status.ok()) {
+    status.error = "backend = cuda: " + status.error;
+    return status;
+  }
+  status = call(device.problem());
+  if (status.ok()) status.error = device.download(host);
+  return status;
 }
 
 }  // namespace flce::cli

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "cli/args.h"
-#include "flce/tensor.h"
+#include "flce/flce.h"
 #include "io/npy.h"
 
 namespace flce::cli {
@@ -20,6 +20,13 @@ void check(const std::string& error);  // throws Failure unless empty
 // Prefixes an API error ("softcap = -1: ...") with the flag it came from
 // and, for files, the file: "--softcap: softcap = -1: ...".
 std::string explain_api_error(const std::string& error, const Args& args);
+
+// Whether the backend named by config (or FLCE_BACKEND) reads device memory.
+bool wants_device(const RunConfig& config);
+
+// Runs `pass` on a problem of host arrays. For a device backend (cuda) the
+// arrays are copied to GPU 0, and the outputs copied back, around the call.
+Status call_on_host_arrays(const Problem& host, Pass pass, const RunConfig& config);
 
 // The storage dtypes of --dtype, by index (f32, bf16, f16); -1 = as stored.
 Dtype storage_dtype(int index);

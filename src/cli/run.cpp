@@ -241,7 +241,7 @@ int run(const Args& args) {
   config.threads = int(threads);
   const bool grad = args.has("grad");
   allocate_outputs(s, p, out == 0 ? Dtype::f32 : Dtype::f64, grad);
-  const Status status = grad ? loss_and_grad(p, config) : forward(p, config);
+  const Status status = call_on_host_arrays(p, grad ? Pass::loss_and_grad : Pass::forward, config);
   if (!status.ok()) throw Failure{explain_api_error(status.error, args)};
   write_outputs(s, args.get("out"));
   print_summary(s, status, p, args.get("out"));

@@ -1,7 +1,13 @@
 #include "cuda/device_copy.h"
 
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
 #ifdef FLCE_HAVE_CUDA
 #include <cuda_runtime.h>
+
+#include "cuda/gemm.h"
 #endif
 
 namespace flce::cuda {
@@ -38,6 +44,41 @@ size_t span_bytes(const Tensor& t) {
 
 bool built_with_cuda() { return true; }
 
+std::string synchronize() {
+  const cudaError_t e = cudaDeviceSynchronize();
+  return e == cudaSuccess ? "" : std::string("cuda: ") + cudaGetErrorString(e);
+}
+
+std::string time_logits_gemm(const Problem& p, int reps, double* seconds) {
+  const int64_t n = p.x.shape[0], h = p.x.shape[1];
+  const bool vh = p.w_layout == WeightLayout::vh;
+  const int64_t v = vh ? p.w.shape[0] : p.w.shape[1];
+  void* out = nullptr;
+  const size_t bytes = size_t(n * v) * dtype_size(p.x.dtype);
+  if (cudaError_t e = cudaMalloc(&out, bytes); e != cudaSuccess)
+    return "the GEMM's [N, V] output (" + std::to_string(bytes) + " bytes): " + cudaGetErrorString(e);
+  Gemm g;
+  g.m = n, g.n = v, g.k = h;
+  g.a = p.x.data, g.lda = p.x.stride[0];
+  g.b = p.w.data, g.ldb = p.w.stride[0], g.trans_b = vh;
+  g.c = out, g.ldc = v;
+  g.ab = p.x.dtype, g.c_dtype = p.x.dtype;
+  std::vector<double> times;
+  std::string error = run_gemm(g, nullptr);
+  if (error.empty()) error = synchronize();
+  for (int r = 0; r < reps && error.empty(); ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    error = run_gemm(g, nullptr);
+    if (error.empty()) error = synchronize();
+    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  cudaFree(out);
+  if (!error.empty()) return error;
+  std::sort(times.begin(), times.end());
+  *seconds = times[times.size() / 2];
+  return "";
+}
+
 DeviceProblem::~DeviceProblem() {
   for (const Copy& c : copies_) cudaFree(c.device);
 }
@@ -45,7 +86,7 @@ DeviceProblem::~DeviceProblem() {
 std::string DeviceProblem::upload(const Problem& host, int device) {
   device_index_ = device;
   if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess)
-    return std::string("cuda device ") + std::to_string(device) + ": " + cudaGetErrorString(e);
+    return "cannot use CUDA device " + std::to_string(device) + ": " + cudaGetErrorString(e);
   device_ = host;
   for (const Member& m : kMembers) {
     const Tensor& h = host.*m.field;
@@ -93,6 +134,8 @@ std::string DeviceProblem::download(const Problem& host) const {
 #else
 
 bool built_with_cuda() { return false; }
+std::string synchronize() { return "flce was built without CUDA"; }
+std::string time_logits_gemm(const Problem&, int, double*) { return "flce was built without CUDA"; }
 DeviceProblem::~DeviceProblem() = default;
 std::string DeviceProblem::upload(const Problem&, int) {
   return "flce was built without CUDA (FLCE_CUDA=OFF, or CMake found no CUDA toolkit)";

@@ -1,6 +1,8 @@
-// src/cuda/device_copy.h: a host Problem copied to a CUDA device and its
-// outputs copied back, for callers whose data lives on the host (`flce run
-// --backend cuda`, `flce bench --backend cuda`, the tests). Internal.
+// src/cuda/device_copy.h: for callers whose data lives on the host (`flce
+// run --backend cuda`, `flce bench --backend cuda`, the tests): a host
+// Problem copied to a CUDA device and its outputs copied back, a device
+// synchronize, and the cuBLAS GEMM a benchmark compares against. Internal;
+// without CUDA every call returns an error that says so.
 #pragma once
 
 #include <string>
@@ -13,6 +15,14 @@ namespace flce::cuda {
 
 // Whether this build has the real cuda backend (FLCE_CUDA found a toolkit).
 bool built_with_cuda();
+
+// Waits for all work on the current device; "" or the error.
+std::string synchronize();
+
+// The median seconds of `reps` timed runs (after one warm-up) of the logits
+// GEMM U = X W^T of `device_problem` (x, w on the device), output in x's
+// dtype (f32 for f32): the GEMM a step cannot avoid. "" or the error.
+std::string time_logits_gemm(const Problem& device_problem, int reps, double* seconds);
 
 class DeviceProblem {
  public:
