@@ -174,6 +174,14 @@ flce::RunConfig parse_config(const py::dict& config) {
       c.gemm = as_str(item.second, key);
     } else if (key == "threads") {
       c.threads = int(as_int(item.second, key));
+    } else if (key == "stream") {  // a cudaStream_t as int (torch's .cuda_stream)
+      c.stream = reinterpret_cast<void*>(static_cast<uintptr_t>(as_int(item.second, key)));
+    } else if (key == "workspace") {  // (pointer, bytes) of caller-owned scratch
+      if (!py::isinstance<py::tuple>(item.second) || py::len(item.second) != 2)
+        throw py::type_error("workspace: expected (pointer, bytes)");
+      py::tuple w = item.second.cast<py::tuple>();
+      c.workspace = reinterpret_cast<void*>(static_cast<uintptr_t>(as_int(w[0], "workspace")));
+      c.workspace_bytes = size_t(as_int(w[1], "workspace bytes"));
     } else {
       throw py::value_error(key + ": not a setting of flce::RunConfig");
     }

@@ -146,9 +146,10 @@ def _call(pass_, args, measure=False):
     inputs = {k: args.get(k) for k in _INPUT_NAMES}
     if pass_ != "backward":
         inputs["lse"] = None  # an output there
+    ref = logits if logits is not None else x
     grad_loss = inputs["grad_loss"]
     if isinstance(grad_loss, (int, float)) and not isinstance(grad_loss, bool):
-        inputs["grad_loss"] = _arrays.np.array(float(grad_loss))
+        inputs["grad_loss"] = _arrays.scalar_like_kind(ref, float(grad_loss))
 
     keep = []  # owners (inputs, copies, outputs) alive until the call returns
     tensors = {}
@@ -157,7 +158,6 @@ def _call(pass_, args, measure=False):
             tensors[name], owner = _arrays.describe(name, obj)
             keep.append(owner)
 
-    ref = logits if logits is not None else x
     dims = _dims(tensors, options["w_layout"])
     in_dtype = tensors["logits" if logits is not None else "x"][1] if ref is not None else None
     out_dt = _float_dtype(args.get("out_dtype", "float32"), "out_dtype")
@@ -221,6 +221,15 @@ def _call(pass_, args, measure=False):
         if error:
             raise ValueError(error)
         return ran, nbytes
+    if _arrays.is_cuda(ref):
+        # CUDA tensors: run on torch's current stream, with scratch from
+        # torch's allocator (so torch.cuda memory statistics count it).
+        config["stream"] = _arrays.current_stream(ref)
+        error, _, nbytes = _workspace_size(pass_, tensors, options, config)
+        if not error and nbytes:
+            scratch = _arrays.scratch_like(ref, nbytes)
+            keep.append(scratch)
+            config["workspace"] = (scratch.data_ptr(), nbytes)
     error, ran = _run(pass_, tensors, options, config)
     del keep
     if error:

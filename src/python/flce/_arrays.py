@@ -128,6 +128,27 @@ def empty_like_kind(ref, shape, dtype):
     return np.empty(shape, dtype=_NUMPY_OF[dtype])
 
 
+def scalar_like_kind(ref, value):
+    """A 0-D float64 array holding value, of ref's kind and device."""
+    if is_torch(ref):
+        return _torch().tensor(value, dtype=_torch().float64, device=ref.device)
+    return np.array(value)
+
+
+def is_cuda(obj):
+    return is_torch(obj) and obj.device.type == "cuda"
+
+
+def current_stream(t):
+    """torch's current CUDA stream on t's device, as the int handle flce takes."""
+    return _torch().cuda.current_stream(t.device).cuda_stream
+
+
+def scratch_like(ref, nbytes):
+    """nbytes of uninitialized device memory from torch's allocator."""
+    return _torch().empty(nbytes, dtype=_torch().uint8, device=ref.device)
+
+
 def numpy_dtype(dtype):
     """The numpy dtype that holds flce dtype `dtype` (uint16 for bf16)."""
     return _NUMPY_OF[dtype]

@@ -1,0 +1,123 @@
+"""flce's Python package on torch CUDA tensors (the cuda backend): the
+tensors are used in place (no copies), outputs come back on the same device,
+the results agree with the oracle under the tolerance policy
+(flce.testing.assert_close, float32 accumulation; with
+grad_logits_dtype='storage', dlogits cast to the storage dtype), the bytes are
+the same on every run, and flce.torch's autograd runs on the GPU. Skipped,
+with the reason, where torch sees no CUDA device or flce has no usable cuda
+backend (CI has no GPU: .ci/gpu runs this file on one).
+"""
+
+import pytest
+
+from test_package_reference import import_flce, torch
+
+flce = import_flce()
+if not torch.cuda.is_available():
+    pytest.skip("torch sees no CUDA device", allow_module_level=True)
+_CUDA = dict(flce.backends()).get("cuda", "not listed")
+if not _CUDA.startswith("cuBLAS"):
+    pytest.skip(f"flce's cuda backend cannot run here: {_CUDA}", allow_module_level=True)
+
+DEV = torch.device("cuda", 0)
+OPTIONS = {
+    "defaults": {},
+    "everything": {"logit_scale": 0.8, "softcap": 4.0, "label_smoothing": 0.1, "z_loss": 1e-3,
+                   "ignore_index": 5, "reduction": "none"},
+    "hv_sum": {"w_layout": "hv", "reduction": "sum"},
+}
+
+
+def make(n, h, v, dtype, opts, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, h, generator=g, dtype=torch.float64)
+    w = torch.randn(h, v, generator=g, dtype=torch.float64) if opts.get("w_layout") == "hv" else \
+        torch.randn(v, h, generator=g, dtype=torch.float64)
+    y = torch.randint(0, v, (n,), generator=g)
+    y[::7] = opts.get("ignore_index", -100)
+    b = torch.randn(v, generator=g, dtype=torch.float64)
+    return (x.to(dtype), (w / h ** 0.5).to(dtype), y, b.to(dtype))
+
+
+def cpu(result):
+    return {k: v.cpu() for k, v in result.as_dict().items()}
+
+
+@pytest.mark.parametrize("name", list(OPTIONS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("grad_logits", ["f32", "storage"])
+def test_loss_and_grad_agrees_with_the_oracle(name, dtype, grad_logits):
+    opts = OPTIONS[name]
+    x, w, y, b = make(300, 48, 5000, dtype, opts)
+    xd, wd, yd, bd = x.to(DEV), w.to(DEV), y.to(DEV), b.to(DEV)
+    r = flce.loss_and_grad(xd, wd, yd, bias=bd, outputs="all", grad_dtype="input",
+                           grad_logits_dtype=grad_logits, backend="cuda", **opts)
+    assert r.backend == "cuda"
+    for k, v in r.as_dict().items():
+        assert v.device == DEV, k
+    cast = None if grad_logits == "f32" or dtype == torch.float32 else \
+        {torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
+    flce.testing.assert_close(cpu(r), x, w, y, bias=b, grad_cast=cast, **opts)
+
+
+def test_forward_then_backward_from_the_saved_lse():
+    x, w, y, _ = make(257, 40, 3001, torch.bfloat16, {})
+    xd, wd, yd = x.to(DEV), w.to(DEV), y.to(DEV)
+    f = flce.forward(xd, wd, yd, outputs=("entropy",), backend="cuda")
+    g_ent = torch.linspace(-1, 1, 257, dtype=torch.float32)
+    bwd = flce.backward(xd, wd, yd, f.lse, grad_entropy=g_ent.to(DEV), grad_dtype="input",
+                        backend="cuda")
+    flce.testing.assert_close(cpu(f), x, w, y)
+    flce.testing.assert_close(cpu(bwd), x, w, y, grad_entropy=g_ent, saved_lse=f.lse.cpu())
+
+
+def test_outputs_are_written_in_place_and_inputs_are_not_copied():
+    x, w, y, _ = make(64, 32, 700, torch.bfloat16, {})
+    xd, wd, yd = x.to(DEV), w.to(DEV), y.to(DEV)
+    gx = torch.full((64, 32), float("nan"), dtype=torch.float32, device=DEV)
+    before = (xd.data_ptr(), wd.data_ptr(), xd.clone(), wd.clone())
+    r = flce.loss_and_grad(xd, wd, yd, out={"grad_x": gx}, backend="cuda")
+    assert r.grad_x.data_ptr() == gx.data_ptr() and not torch.isnan(gx).any()
+    assert (xd.data_ptr(), wd.data_ptr()) == before[:2]
+    assert torch.equal(xd, before[2]) and torch.equal(wd, before[3])
+
+
+def test_logits_entry_in_place():
+    g = torch.Generator().manual_seed(3)
+    logits = (torch.randn(50, 999, generator=g) * 3).to(torch.bfloat16)
+    y = torch.randint(0, 999, (50,), generator=g)
+    ld = logits.to(DEV)
+    ptr = ld.data_ptr()
+    r = flce.loss_and_grad(logits=ld, labels=y.to(DEV), inplace=True, grad_dtype="input",
+                           backend="cuda")
+    assert r.grad_logits.data_ptr() == ptr
+    flce.testing.assert_close({"loss": r.loss.cpu(), "grad_logits": ld.cpu()}, logits=logits,
+                              labels=y)
+
+
+def test_same_bytes_on_every_run():
+    x, w, y, b = make(1000, 64, 9000, torch.bfloat16, OPTIONS["everything"])
+    xd, wd, yd, bd = x.to(DEV), w.to(DEV), y.to(DEV), b.to(DEV)
+    runs = [flce.loss_and_grad(xd, wd, yd, bias=bd, outputs="all", grad_logits_dtype="storage",
+                               backend="cuda", **OPTIONS["everything"]).as_dict()
+            for _ in range(3)]
+    for later in runs[1:]:
+        for k in runs[0]:
+            assert torch.equal(runs[0][k].view(torch.uint8) if runs[0][k].dim() else runs[0][k],
+                               later[k].view(torch.uint8) if later[k].dim() else later[k]), k
+
+
+def test_torch_module_trains_on_the_gpu():
+    torch.manual_seed(0)
+    x = torch.randn(128, 32, device=DEV, requires_grad=True)
+    head = torch.nn.Linear(32, 500, bias=False, device=DEV)
+    y = torch.randint(0, 500, (128,), device=DEV)
+    loss = flce.torch.LinearCrossEntropyLoss()(x, head.weight, y)
+    loss.backward()
+    ref_x = x.detach().clone().requires_grad_(True)
+    ref_w = head.weight.detach().clone().requires_grad_(True)
+    ref = torch.nn.functional.cross_entropy(ref_x.double() @ ref_w.double().T, y)
+    ref.backward()
+    assert abs(loss.item() - ref.item()) < 1e-5 * abs(ref.item())
+    assert torch.allclose(x.grad.double(), ref_x.grad, rtol=0, atol=1e-6)
+    assert torch.allclose(head.weight.grad.double(), ref_w.grad, rtol=0, atol=1e-6)
