@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""The cuda backend's benchmark: bf16 training steps and forward passes at
+three LM-head shapes, each timed in the same run against the three cuBLAS
+GEMMs a step cannot avoid (one for a forward pass) and against PyTorch eager.
+
+  PYTHONPATH=build-gpu/python python3 bench/cuda_bench.py [--json FILE]
+      [--shapes gemma2,llama3,h1024] [--tiles 2048x2048,...] [--reps 10]
+
+Shapes (N x H x V): gemma2 8192 x 2304 x 256000 with softcap 30, llama3
+8192 x 4096 x 128256, h1024 16384 x 1024 x 128256. Every time is the median
+of --reps CUDA-event timings after 3 warm-ups, on random data (never zeros).
+  gemm3     logits = x W^T, grad_x = G W, grad_W = G^T x as torch.mm in bf16
+            (cuBLAS), G a random bf16 [N, V] array; gemm1 is the first alone.
+  flce      flce.loss_and_grad / flce.forward on the torch CUDA tensors,
+            backend cuda, grad_logits_dtype 'storage' (bf16 dlogits, as every
+            GPU kernel compared here), bf16 gradients.
+  eager     F.cross_entropy((x @ W.T).float(), y) (softcap applied as
+            k tanh(z / k) for gemma2), loss.backward().
+Memory: the peak of torch.cuda.max_memory_allocated during the call minus
+what was allocated before it: gradients, outputs and (for flce) the
+workspace, which flce's Python layer takes from torch's allocator.
+"""
+
+import argparse
+import json
+import os
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+import flce
+
+SHAPES = {
+    "gemma2": (8192, 2304, 256000, 30.0),
+    "llama3": (8192, 4096, 128256, 0.0),
+    "h1024": (16384, 1024, 128256, 0.0),
+}
+MIB = 1 << 20
+
+
+def time_ms(fn, reps):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    return statistics.median(times)
+
+
+def peak_extra_bytes(fn):
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    del out
+    return peak
+
+
+def bench_shape(name, reps, tiles):
+    n, h, v, softcap = SHAPES[name]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(n, h, device="cuda", generator=g).to(torch.bfloat16)
+    w = (torch.randn(v, h, device="cuda", generator=g) / h ** 0.5).to(torch.bfloat16)
+    y = torch.randint(0, v, (n,), device="cuda", generator=g)
+    row = {"shape": name, "n": n, "h": h, "v": v, "softcap": softcap,
+           "grads_bytes": (n * h + v * h) * 2}
+
+    # The three GEMMs of a step, on random data.
+    logits = torch.empty(n, v, device="cuda", dtype=torch.bfloat16)
+    dl = torch.randn(n, v, device="cuda", generator=g, dtype=torch.float32).to(torch.bfloat16)
+    gx, gw = torch.empty_like(x), torch.empty_like(w)
+    row["gemm1_ms"] = time_ms(lambda: torch.mm(x, w.t(), out=logits), reps)
+    gx_ms = time_ms(lambda: torch.mm(dl, w, out=gx), reps)
+    gw_ms = time_ms(lambda: torch.mm(dl.t(), x, out=gw), reps)
+    row["gemm3_ms"] = row["gemm1_ms"] + gx_ms + gw_ms
+    del logits, dl, gx, gw
+    torch.cuda.empty_cache()
+
+    # flce, per score tile setting.
+    def step():
+        return flce.loss_and_grad(x, w, y, softcap=softcap, grad_logits_dtype="storage",
+                                  grad_dtype="input", backend="cuda")
+
+    def fwd():
+        return flce.forward(x, w, y, softcap=softcap, backend="cuda")
+
+    row["flce"] = []
+    for tile in tiles:
+        if tile:
+            os.environ["FLCE_CUDA_TILE"] = tile
+        else:
+            os.environ.pop("FLCE_CUDA_TILE", None)
+        t = {"tile": tile or "default", "step_ms": time_ms(step, reps), "fwd_ms": time_ms(fwd, reps),
+             "step_peak_extra_bytes": peak_extra_bytes(step),
+             "fwd_peak_extra_bytes": peak_extra_bytes(fwd)}
+        t["step_ratio"] = t["step_ms"] / row["gemm3_ms"]
+        t["fwd_ratio"] = t["fwd_ms"] / row["gemm1_ms"]
+        row["flce"].append(t)
+        print(f"  {name} tile {t['tile']}: step {t['step_ms']:.2f} ms ({t['step_ratio']:.3f}x), "
+              f"fwd {t['fwd_ms']:.2f} ms ({t['fwd_ratio']:.3f}x), "
+              f"step extra {t['step_peak_extra_bytes'] / MIB:.0f} MiB", flush=True)
+    os.environ.pop("FLCE_CUDA_TILE", None)
+    flce_loss = float(step().loss)
+
+    # PyTorch eager.
+    xe, we = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+
+    def eager():
+        xe.grad = we.grad = None
+        z = (xe @ we.T).float()
+        if softcap:
+            z = softcap * torch.tanh(z / softcap)
+        loss = F.cross_entropy(z, y)
+        loss.backward()
+        return loss, xe.grad, we.grad
+
+    row["eager_ms"] = time_ms(eager, reps)
+    row["eager_peak_extra_bytes"] = peak_extra_bytes(eager)
+    row["eager_loss"], row["flce_loss"] = float(eager()[0]), flce_loss
+    del xe, we
+    torch.cuda.empty_cache()
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--tiles", default="", help="FLCE_CUDA_TILE values to compare, e.g. "
+                    "2048x2048,4096x4096 (empty: the default)")
+    ap.add_argument("--reps", type=int, default=10)
+    args = ap.parse_args()
+    tiles = [t for t in args.tiles.split(",") if t] or [""]
+    props = torch.cuda.get_device_properties(0)
+    print(f"device: {props.name}, torch {torch.__version__}, flce {flce.version()}", flush=True)
+    rows = []
+    for name in args.shapes.split(","):
+        if name not in SHAPES:
+            raise SystemExit(f"--shapes: {name!r} is not one of {', '.join(SHAPES)}")
+        rows.append(bench_shape(name, args.reps, tiles))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": props.name, "torch": torch.__version__, "rows": rows}, f, indent=1)
+    print("\n| shape (N x H x V) | 3 GEMMs | flce step | ratio | 1 GEMM | flce fwd | ratio "
+          "| eager step | eager / flce | flce step extra | grads + 512 MiB | eager extra |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        best = min(r["flce"], key=lambda t: t["step_ms"])
+        print(f"| {r['n']} x {r['h']} x {r['v']}{' softcap 30' if r['softcap'] else ''} "
+              f"| {r['gemm3_ms']:.1f} ms | {best['step_ms']:.1f} ms | {best['step_ratio']:.2f} "
+              f"| {r['gemm1_ms']:.1f} ms | {best['fwd_ms']:.1f} ms | {best['fwd_ratio']:.2f} "
+              f"| {r['eager_ms']:.1f} ms | {r['eager_ms'] / best['step_ms']:.2f}x "
+              f"| {best['step_peak_extra_bytes'] / MIB:.0f} MiB "
+              f"| {(r['grads_bytes'] + 512 * MIB) / MIB:.0f} MiB "
+              f"| {r['eager_peak_extra_bytes'] / MIB:.0f} MiB |")
+    for r in rows:
+        print(f"{r['shape']}: loss flce {r['flce_loss']:.6f}, eager {r['eager_loss']:.6f}")
+
+
+if __name__ == "__main__":
+    main()
