@@ -10,8 +10,8 @@ scale and token weights. x is [..., H] and y [...] (flattened to rows);
 reduction='none' returns y's shape. Forward saves only the lse (and the
 inputs); backward recomputes the logits tile by tile through flce.backward.
 
-Dtypes: float32, bfloat16 and float16 parameters run on flce's cpu backend
-(float32 accumulation) and get gradients in their own dtype; the loss, lse
+Dtypes: float32, bfloat16 and float16 parameters run on flce's cpu backend,
+or its cuda backend when they are CUDA tensors (float32 accumulation), and get gradients in their own dtype; the loss, lse
 and entropy are float32 (more precise than a bf16 loss; cast if you need
 to). float64 runs on the `reference` backend, which the library picks by
 itself because the cpu backend declines float64 storage; that is what
