@@ -131,6 +131,26 @@ def bench_shape(name, reps, tiles):
     return row
 
 
+def profile(name):
+    n, h, v, softcap = SHAPES[name]
+    x = torch.randn(n, h, device="cuda").to(torch.bfloat16)
+    w = (torch.randn(v, h, device="cuda") / h ** 0.5).to(torch.bfloat16)
+    y = torch.randint(0, v, (n,), device="cuda")
+    calls = {
+        "step": lambda: flce.loss_and_grad(x, w, y, softcap=softcap, grad_logits_dtype="storage",
+                                           grad_dtype="input", backend="cuda"),
+        "fwd": lambda: flce.forward(x, w, y, softcap=softcap, backend="cuda"),
+    }
+    for what, fn in calls.items():
+        fn()
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        print(f"\n{name} {what}: GPU time by kernel")
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=70))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", help="write the rows here")
@@ -138,6 +158,9 @@ def main():
     ap.add_argument("--tiles", default="", help="FLCE_CUDA_TILE values to compare, e.g. "
                     "2048x2048,4096x4096 (empty: the default)")
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--profile", metavar="SHAPE",
+                    help="also print torch.profiler's per-kernel GPU times of one flce step "
+                         "and one forward at SHAPE (where the time over the GEMMs goes)")
     args = ap.parse_args()
     tiles = [t for t in args.tiles.split(",") if t] or [""]
     props = torch.cuda.get_device_properties(0)
@@ -147,6 +170,8 @@ def main():
         if name not in SHAPES:
             raise SystemExit(f"--shapes: {name!r} is not one of {', '.join(SHAPES)}")
         rows.append(bench_shape(name, args.reps, tiles))
+    if args.profile:
+        profile(args.profile)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": props.name, "torch": torch.__version__, "rows": rows}, f, indent=1)

@@ -166,22 +166,46 @@ __global__ void prepare_kernel(LossArgs g) {
   if (tid == 0) *g.scalars = Scalars{class_sum, denom, bad_label, bad_token, bad_class};
 }
 
-// One block per row of the tile.
+// Fixed-shape butterfly over a warp's lanes: every lane ends with the merge
+// of all 32 (lane order inside each pair is fixed, so the bits are too).
+__device__ State warp_merge(State st) {
+  for (int width = 16; width > 0; width /= 2) {
+    State o;
+    o.max = __shfl_xor_sync(0xffffffffu, st.max, width);
+    o.sum_exp = __shfl_xor_sync(0xffffffffu, st.sum_exp, width);
+    o.sum_exp_s = __shfl_xor_sync(0xffffffffu, st.sum_exp_s, width);
+    o.sum_cs = __shfl_xor_sync(0xffffffffu, st.sum_cs, width);
+    o.argmax = __shfl_xor_sync(0xffffffffu, st.argmax, width);
+    o.first_nan = __shfl_xor_sync(0xffffffffu, st.first_nan, width);
+    // The lower lane's state first, so both lanes compute the same bits.
+    const bool lower = (threadIdx.x & width) == 0;
+    State a = lower ? st : o;
+    a.merge(lower ? o : st);
+    st = a;
+  }
+  return st;
+}
+
+constexpr int kWarpsPerBlock = kThreads / 32;
+
+// One warp per row of the tile; lanes stride over the columns (coalesced).
 __global__ void tile_states_kernel(LossArgs g, ScoreTile tile, int64_t t, int64_t tiles,
                                    int64_t state_r0, TileState* states) {
-  __shared__ State shared[kThreads];
-  const int64_t r = blockIdx.x, i = tile.r0 + r;
+  const int64_t r = blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32;
+  if (r >= tile.rows) return;  // whole warps leave together
+  const int lane = threadIdx.x % 32;
+  const int64_t i = tile.r0 + r;
   const float* u = tile.u + r * tile.ld;
   const int64_t y = load_int(g.labels, i);
   State st;
-  for (int64_t c = threadIdx.x; c < tile.cols; c += blockDim.x) {
+  for (int64_t c = lane; c < tile.cols; c += 32) {
     const int64_t j = tile.j0 + c;
     const float s = score(g, u[c], j);
     st.add(s, class_weight(g, j), j);
     if (j == y) g.rows[i].s_y = s;
   }
-  st = block_reduce(st, shared, [](State a, const State& b) { a.merge(b); return a; });
-  if (threadIdx.x == 0)
+  st = warp_merge(st);
+  if (lane == 0)
     states[(i - state_r0) * tiles + t] =
         TileState{st.max, st.sum_exp, st.sum_exp_s, st.sum_cs, st.argmax, st.first_nan};
 }
@@ -281,34 +305,70 @@ __device__ float round_as(float v, Dtype dtype) {
   return v;
 }
 
-// blockIdx.y: row of the tile; threads over its columns.
-__global__ void dlogits_kernel(LossArgs g, ScoreTile tile, void* out, Dtype out_dtype,
-                               int64_t out_ld, DView grad_logits, Dtype round_to) {
-  const int64_t r = blockIdx.y, i = tile.r0 + r;
-  const RowInfo info = g.rows[i];
-  const float lse = float(info.lse), sbar = float(info.sbar);
-  const float coef_p = float(info.coef_p), coef_c = float(info.coef_c);
-  const float coef_h = float(info.coef_h), label = float(info.label_coef);
-  const float a = float(g.a), k = float(g.k);
-  const float* u = tile.u + r * tile.ld;
-  for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < tile.cols;
-       c += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t j = tile.j0 + c;
-    const float s = score(g, u[c], j);
+// G of one element, per RowInfo (kernels.h), rounded to round_to.
+struct DlogitsRow {
+  float lse, sbar, coef_p, coef_c, coef_h, label, a, k;
+  int64_t y;
+
+  __device__ explicit DlogitsRow(const LossArgs& g, const RowInfo& info)
+      : lse(float(info.lse)), sbar(float(info.sbar)), coef_p(float(info.coef_p)),
+        coef_c(float(info.coef_c)), coef_h(float(info.coef_h)), label(float(info.label_coef)),
+        a(float(g.a)), k(float(g.k)), y(info.y) {}
+
+  __device__ float operator()(const LossArgs& g, float u, int64_t j, Dtype round_to) const {
+    const float s = score(g, u, j);
     const float p = expf(s - lse);
     float d = coef_p * p;
     if (coef_c != 0) d += coef_c * class_weight(g, j);
     if (coef_h != 0) d -= coef_h * (p == 0 ? 0.0f : p * (s - sbar));
-    if (j == info.y) d -= label;
+    if (j == y) d -= label;
     const float dsdz = k > 0 ? 1 - (s / k) * (s / k) : 1.0f;
-    const float gval = round_as(a * dsdz * d, round_to);
-    const int64_t o = r * out_ld + c;
-    if (out != nullptr) {
-      if (out_dtype == Dtype::f32) static_cast<float*>(out)[o] = gval;
-      else if (out_dtype == Dtype::bf16) static_cast<__nv_bfloat16*>(out)[o] = __float2bfloat16_rn(gval);
-      else static_cast<__half*>(out)[o] = __float2half_rn(gval);
-    }
-    if (grad_logits.present()) store_at(grad_logits, i * grad_logits.s0 + j * grad_logits.s1, gval);
+    return round_as(a * dsdz * d, round_to);
+  }
+};
+
+template <typename T>
+__device__ void store_g(void* out, int64_t o, float v);
+template <>
+__device__ void store_g<float>(void* out, int64_t o, float v) { static_cast<float*>(out)[o] = v; }
+template <>
+__device__ void store_g<__nv_bfloat16>(void* out, int64_t o, float v) {
+  static_cast<__nv_bfloat16*>(out)[o] = __float2bfloat16_rn(v);
+}
+template <>
+__device__ void store_g<__half>(void* out, int64_t o, float v) {
+  static_cast<__half*>(out)[o] = __float2half_rn(v);
+}
+
+// One warp per row of the tile; each lane takes pairs of adjacent columns,
+// so a warp reads 256 contiguous bytes of u and writes G in whole sectors.
+// out may be null (the logits entry writes only grad_logits).
+template <typename T>
+__global__ void dlogits_kernel(LossArgs g, ScoreTile tile, void* out, int64_t out_ld,
+                               DView grad_logits, Dtype round_to) {
+  const int64_t r = blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32;
+  if (r >= tile.rows) return;
+  const int lane = threadIdx.x % 32;
+  const int64_t i = tile.r0 + r;
+  const DlogitsRow row(g, g.rows[i]);
+  const float* u = tile.u + r * tile.ld;
+  const int64_t o = r * out_ld;
+  // Pairs need 8-byte aligned f32 reads: an even leading dimension (tile.u
+  // itself comes from an aligned allocation).
+  const bool pairs = tile.ld % 2 == 0;
+  for (int64_t c = 2 * lane; c < tile.cols; c += 64) {
+    const int64_t j = tile.j0 + c;
+    float2 uu;
+    if (pairs && c + 1 < tile.cols) uu = *reinterpret_cast<const float2*>(u + c);
+    else uu = make_float2(u[c], c + 1 < tile.cols ? u[c + 1] : 0.0f);
+    const float g0 = row(g, uu.x, j, round_to);
+    if (out != nullptr) store_g<T>(out, o + c, g0);
+    if (grad_logits.present()) store_at(grad_logits, i * grad_logits.s0 + j * grad_logits.s1, g0);
+    if (c + 1 >= tile.cols) continue;
+    const float g1 = row(g, uu.y, j + 1, round_to);
+    if (out != nullptr) store_g<T>(out, o + c + 1, g1);
+    if (grad_logits.present())
+      store_at(grad_logits, i * grad_logits.s0 + (j + 1) * grad_logits.s1, g1);
   }
 }
 
@@ -375,8 +435,8 @@ void prepare(const LossArgs& args, float* class_w, float* bias, cudaStream_t str
 
 void tile_states(const LossArgs& args, const ScoreTile& tile, int64_t t, int64_t tiles,
                  int64_t state_r0, TileState* states, cudaStream_t stream) {
-  tile_states_kernel<<<unsigned(tile.rows), kThreads, 0, stream>>>(args, tile, t, tiles, state_r0,
-                                                                  states);
+  const unsigned blocks = unsigned((tile.rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  tile_states_kernel<<<blocks, kThreads, 0, stream>>>(args, tile, t, tiles, state_r0, states);
 }
 
 void merge_rows(const LossArgs& args, const TileState* states, int64_t tiles, int64_t r0,
@@ -391,9 +451,14 @@ void reduce_loss(const LossArgs& args, cudaStream_t stream) {
 
 void dlogits(const LossArgs& args, const ScoreTile& tile, void* g, Dtype g_dtype, int64_t g_ld,
              DView grad_logits, Dtype round_to, cudaStream_t stream) {
-  const dim3 grid(unsigned(blocks_for(tile.cols, kThreads, 8)), unsigned(tile.rows));
-  dlogits_kernel<<<grid, kThreads, 0, stream>>>(args, tile, g, g_dtype, g_ld, grad_logits,
-                                                round_to);
+  const unsigned blocks = unsigned((tile.rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  if (g == nullptr || g_dtype == Dtype::f32)
+    dlogits_kernel<float><<<blocks, kThreads, 0, stream>>>(args, tile, g, g_ld, grad_logits, round_to);
+  else if (g_dtype == Dtype::bf16)
+    dlogits_kernel<__nv_bfloat16><<<blocks, kThreads, 0, stream>>>(args, tile, g, g_ld, grad_logits,
+                                                                  round_to);
+  else
+    dlogits_kernel<__half><<<blocks, kThreads, 0, stream>>>(args, tile, g, g_ld, grad_logits, round_to);
 }
 
 void column_sums(const void* g, Dtype g_dtype, int64_t g_ld, int64_t rows, int64_t cols,
