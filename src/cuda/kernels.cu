@@ -71,31 +71,10 @@ __device__ float class_weight(const LossArgs& g, int64_t j) {
   return g.class_w ? g.class_w[j] : 1.0f;
 }
 
-// A thread's (or a subtree's) running state; NaN scores only set first_nan.
+// A thread's (or a subtree's) running state, as TileState.
 struct State {
   float max = -kInf, sum_exp = 0, sum_exp_s = 0, sum_cs = 0;
   int64_t argmax = -1, first_nan = -1;
-
-  __device__ void add(float s, float c, int64_t j) {
-    if (isnan(s)) {
-      first_nan = min_index(first_nan, j);
-      return;
-    }
-    sum_cs += c == 0 ? 0.0f : c * s;
-    if (s > max) {
-      const float f = max == -kInf ? 0.0f : expf(shift_of(max) - shift_of(s));
-      const float e = expf(s - shift_of(s));
-      sum_exp = sum_exp * f + e;
-      sum_exp_s = sum_exp_s * f + (e == 0 ? 0.0f : e * s);
-      max = s;
-      argmax = j;
-    } else {
-      const float e = expf(s - shift_of(max));
-      sum_exp += e;
-      sum_exp_s += e == 0 ? 0.0f : e * s;
-      if (s == max && argmax < 0) argmax = j;
-    }
-  }
 
   // Folds `o` in; ties in the max keep the lower index.
   __device__ void merge(const State& o) {
@@ -186,28 +165,62 @@ __device__ State warp_merge(State st) {
   return st;
 }
 
-constexpr int kWarpsPerBlock = kThreads / 32;
+constexpr int kWarps = kThreads / 32;
 
-// One warp per row of the tile; lanes stride over the columns (coalesced).
+// One block per row of the tile. Thread t takes columns t, t + 256, ... in
+// groups of four (independent loads and exps; one rescale per group); the
+// states merge by a warp butterfly, then warp 0 folds the 8 warps in order.
 __global__ void tile_states_kernel(LossArgs g, ScoreTile tile, int64_t t, int64_t tiles,
                                    int64_t state_r0, TileState* states) {
-  const int64_t r = blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32;
-  if (r >= tile.rows) return;  // whole warps leave together
-  const int lane = threadIdx.x % 32;
-  const int64_t i = tile.r0 + r;
+  __shared__ State warps[kWarps];
+  const int64_t r = blockIdx.x, i = tile.r0 + r;
   const float* u = tile.u + r * tile.ld;
   const int64_t y = load_int(g.labels, i);
+  constexpr int kGroup = 4;
   State st;
-  for (int64_t c = lane; c < tile.cols; c += 32) {
-    const int64_t j = tile.j0 + c;
-    const float s = score(g, u[c], j);
-    st.add(s, class_weight(g, j), j);
-    if (j == y) g.rows[i].s_y = s;
+  for (int64_t c0 = threadIdx.x; c0 < tile.cols; c0 += int64_t(kThreads) * kGroup) {
+    float s[kGroup];
+    float group_max = -kInf;
+#pragma unroll
+    for (int k = 0; k < kGroup; ++k) {
+      const int64_t c = c0 + int64_t(k) * kThreads;
+      s[k] = c < tile.cols ? score(g, u[c], tile.j0 + c) : -kInf;
+      if (s[k] > group_max) group_max = s[k];  // NaN compares false
+    }
+    if (group_max > st.max) {  // one rescale per group
+      const float f = st.max == -kInf ? 0.0f : expf(shift_of(st.max) - shift_of(group_max));
+      st.sum_exp *= f;
+      st.sum_exp_s *= f;
+      st.max = group_max;
+      st.argmax = -1;  // the group's first max sets it below
+    }
+    const float shift = shift_of(st.max);
+#pragma unroll
+    for (int k = 0; k < kGroup; ++k) {
+      const int64_t c = c0 + int64_t(k) * kThreads, j = tile.j0 + c;
+      if (c >= tile.cols) break;
+      if (isnan(s[k])) {
+        st.first_nan = min_index(st.first_nan, j);
+        continue;
+      }
+      const float e = expf(s[k] - shift);
+      st.sum_exp += e;
+      st.sum_exp_s += e == 0 ? 0.0f : e * s[k];
+      const float cw = class_weight(g, j);
+      st.sum_cs += cw == 0 ? 0.0f : cw * s[k];
+      if (s[k] == st.max && st.argmax < 0) st.argmax = j;  // columns rise within a thread
+      if (j == y) g.rows[i].s_y = s[k];
+    }
   }
   st = warp_merge(st);
-  if (lane == 0)
-    states[(i - state_r0) * tiles + t] =
-        TileState{st.max, st.sum_exp, st.sum_exp_s, st.sum_cs, st.argmax, st.first_nan};
+  const int warp = threadIdx.x / 32;
+  if (threadIdx.x % 32 == 0) warps[warp] = st;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  st = warps[0];
+  for (int w = 1; w < kWarps; ++w) st.merge(warps[w]);
+  states[(i - state_r0) * tiles + t] =
+      TileState{st.max, st.sum_exp, st.sum_exp_s, st.sum_cs, st.argmax, st.first_nan};
 }
 
 // One thread per row: the tile states in order, in double (src/cpu/steps.cpp).
@@ -340,23 +353,20 @@ __device__ void store_g<__half>(void* out, int64_t o, float v) {
   static_cast<__half*>(out)[o] = __float2half_rn(v);
 }
 
-// One warp per row of the tile; each lane takes pairs of adjacent columns,
-// so a warp reads 256 contiguous bytes of u and writes G in whole sectors.
-// out may be null (the logits entry writes only grad_logits).
+// One block per row of the tile; each thread takes pairs of adjacent
+// columns, so a warp reads 256 contiguous bytes of u and writes G in whole
+// sectors. out may be null (the logits entry writes only grad_logits).
 template <typename T>
 __global__ void dlogits_kernel(LossArgs g, ScoreTile tile, void* out, int64_t out_ld,
                                DView grad_logits, Dtype round_to) {
-  const int64_t r = blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32;
-  if (r >= tile.rows) return;
-  const int lane = threadIdx.x % 32;
-  const int64_t i = tile.r0 + r;
+  const int64_t r = blockIdx.x, i = tile.r0 + r;
   const DlogitsRow row(g, g.rows[i]);
   const float* u = tile.u + r * tile.ld;
   const int64_t o = r * out_ld;
   // Pairs need 8-byte aligned f32 reads: an even leading dimension (tile.u
   // itself comes from an aligned allocation).
   const bool pairs = tile.ld % 2 == 0;
-  for (int64_t c = 2 * lane; c < tile.cols; c += 64) {
+  for (int64_t c = 2 * int64_t(threadIdx.x); c < tile.cols; c += 2 * kThreads) {
     const int64_t j = tile.j0 + c;
     float2 uu;
     if (pairs && c + 1 < tile.cols) uu = *reinterpret_cast<const float2*>(u + c);
@@ -435,7 +445,7 @@ void prepare(const LossArgs& args, float* class_w, float* bias, cudaStream_t str
 
 void tile_states(const LossArgs& args, const ScoreTile& tile, int64_t t, int64_t tiles,
                  int64_t state_r0, TileState* states, cudaStream_t stream) {
-  const unsigned blocks = unsigned((tile.rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  const unsigned blocks = unsigned(tile.rows);
   tile_states_kernel<<<blocks, kThreads, 0, stream>>>(args, tile, t, tiles, state_r0, states);
 }
 
@@ -451,7 +461,7 @@ void reduce_loss(const LossArgs& args, cudaStream_t stream) {
 
 void dlogits(const LossArgs& args, const ScoreTile& tile, void* g, Dtype g_dtype, int64_t g_ld,
              DView grad_logits, Dtype round_to, cudaStream_t stream) {
-  const unsigned blocks = unsigned((tile.rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  const unsigned blocks = unsigned(tile.rows);
   if (g == nullptr || g_dtype == Dtype::f32)
     dlogits_kernel<float><<<blocks, kThreads, 0, stream>>>(args, tile, g, g_ld, grad_logits, round_to);
   else if (g_dtype == Dtype::bf16)
