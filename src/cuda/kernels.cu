@@ -61,15 +61,27 @@ __device__ int64_t min_index(int64_t a, int64_t b) {
   return a < b ? a : b;
 }
 
-// s = k tanh(a (u + b) / k) when k > 0, else a (u + b).
-__device__ float score(const LossArgs& g, float u, int64_t j) {
-  const float z = float(g.a) * (g.bias_f32 ? u + g.bias_f32[j] : u);
-  return g.k > 0 ? float(g.k) * tanhf(z / float(g.k)) : z;
-}
+// What the per-element hot loops read, in f32 and relative to the tile's
+// first column: no double arithmetic or 64-bit indexing per element.
+struct TileParams {
+  float a, k, inv_k;      // logit scale, softcap, 1 / softcap
+  const float* bias;      // at the tile's column 0, or null
+  const float* class_w;   // likewise
 
-__device__ float class_weight(const LossArgs& g, int64_t j) {
-  return g.class_w ? g.class_w[j] : 1.0f;
-}
+  __host__ __device__ TileParams(const LossArgs& g, int64_t j0)
+      : a(float(g.a)), k(float(g.k)), inv_k(g.k > 0 ? float(1 / g.k) : 0.0f),
+        bias(g.bias_f32 ? g.bias_f32 + j0 : nullptr),
+        class_w(g.class_w ? g.class_w + j0 : nullptr) {}
+
+  // s = k tanh(a (u + b) / k) when k > 0, else a (u + b).
+  __device__ float score(float u, int c) const {
+    const float z = a * (bias ? u + bias[c] : u);
+    return k > 0 ? k * tanhf(z * inv_k) : z;
+  }
+  __device__ float class_weight(int c) const { return class_w ? class_w[c] : 1.0f; }
+  // ds/dz = 1 - (s/k)^2 when k > 0.
+  __device__ float dsdz(float s) const { return k > 0 ? 1 - (s * inv_k) * (s * inv_k) : 1.0f; }
+};
 
 // A thread's (or a subtree's) running state, as TileState.
 struct State {
@@ -175,17 +187,19 @@ __global__ void tile_states_kernel(LossArgs g, ScoreTile tile, int64_t t, int64_
   __shared__ State warps[kWarps];
   const int64_t r = blockIdx.x, i = tile.r0 + r;
   const float* u = tile.u + r * tile.ld;
-  const int64_t y = load_int(g.labels, i);
+  const TileParams q(g, tile.j0);
+  const int cols = int(tile.cols);
+  const int64_t y_col = load_int(g.labels, i) - tile.j0;  // the label's column, if in the tile
   constexpr int kGroup = 4;
   State st;
-  for (int64_t c0 = threadIdx.x; c0 < tile.cols; c0 += int64_t(kThreads) * kGroup) {
+  for (int c0 = threadIdx.x; c0 < cols; c0 += kThreads * kGroup) {
     float s[kGroup];
     float group_max = -kInf;
 #pragma unroll
     for (int k = 0; k < kGroup; ++k) {
-      const int64_t c = c0 + int64_t(k) * kThreads;
-      s[k] = c < tile.cols ? score(g, u[c], tile.j0 + c) : -kInf;
-      if (s[k] > group_max) group_max = s[k];  // NaN compares false
+      const int c = c0 + k * kThreads;
+      s[k] = c < cols ? q.score(u[c], c) : -kInf;
+      group_max = s[k] > group_max ? s[k] : group_max;  // NaN compares false
     }
     if (group_max > st.max) {  // one rescale per group
       const float f = st.max == -kInf ? 0.0f : expf(shift_of(st.max) - shift_of(group_max));
@@ -197,19 +211,20 @@ __global__ void tile_states_kernel(LossArgs g, ScoreTile tile, int64_t t, int64_
     const float shift = shift_of(st.max);
 #pragma unroll
     for (int k = 0; k < kGroup; ++k) {
-      const int64_t c = c0 + int64_t(k) * kThreads, j = tile.j0 + c;
-      if (c >= tile.cols) break;
-      if (isnan(s[k])) {
-        st.first_nan = min_index(st.first_nan, j);
-        continue;
+      const int c = c0 + k * kThreads;
+      if (c < cols) {  // (no break: the loop stays unrolled and s[] in registers)
+        if (isnan(s[k])) {
+          st.first_nan = min_index(st.first_nan, tile.j0 + c);
+        } else {
+          const float e = expf(s[k] - shift);
+          st.sum_exp += e;
+          st.sum_exp_s += e == 0 ? 0.0f : e * s[k];
+          const float cw = q.class_weight(c);
+          st.sum_cs += cw == 0 ? 0.0f : cw * s[k];
+          if (s[k] == st.max && st.argmax < 0) st.argmax = tile.j0 + c;  // columns rise
+          if (c == y_col) g.rows[i].s_y = s[k];
+        }
       }
-      const float e = expf(s[k] - shift);
-      st.sum_exp += e;
-      st.sum_exp_s += e == 0 ? 0.0f : e * s[k];
-      const float cw = class_weight(g, j);
-      st.sum_cs += cw == 0 ? 0.0f : cw * s[k];
-      if (s[k] == st.max && st.argmax < 0) st.argmax = j;  // columns rise within a thread
-      if (j == y) g.rows[i].s_y = s[k];
     }
   }
   st = warp_merge(st);
@@ -320,23 +335,23 @@ __device__ float round_as(float v, Dtype dtype) {
 
 // G of one element, per RowInfo (kernels.h), rounded to round_to.
 struct DlogitsRow {
-  float lse, sbar, coef_p, coef_c, coef_h, label, a, k;
-  int64_t y;
+  TileParams q;
+  float lse, sbar, coef_p, coef_c, coef_h, label;
+  int64_t y_col;  // the label's column relative to the tile
 
-  __device__ explicit DlogitsRow(const LossArgs& g, const RowInfo& info)
-      : lse(float(info.lse)), sbar(float(info.sbar)), coef_p(float(info.coef_p)),
+  __device__ DlogitsRow(const LossArgs& g, const RowInfo& info, int64_t j0)
+      : q(g, j0), lse(float(info.lse)), sbar(float(info.sbar)), coef_p(float(info.coef_p)),
         coef_c(float(info.coef_c)), coef_h(float(info.coef_h)), label(float(info.label_coef)),
-        a(float(g.a)), k(float(g.k)), y(info.y) {}
+        y_col(info.y < 0 ? -1 : info.y - j0) {}
 
-  __device__ float operator()(const LossArgs& g, float u, int64_t j, Dtype round_to) const {
-    const float s = score(g, u, j);
+  __device__ float operator()(float u, int c, Dtype round_to) const {
+    const float s = q.score(u, c);
     const float p = expf(s - lse);
     float d = coef_p * p;
-    if (coef_c != 0) d += coef_c * class_weight(g, j);
+    if (coef_c != 0) d += coef_c * q.class_weight(c);
     if (coef_h != 0) d -= coef_h * (p == 0 ? 0.0f : p * (s - sbar));
-    if (j == y) d -= label;
-    const float dsdz = k > 0 ? 1 - (s / k) * (s / k) : 1.0f;
-    return round_as(a * dsdz * d, round_to);
+    if (c == y_col) d -= label;
+    return round_as(q.a * q.dsdz(s) * d, round_to);
   }
 };
 
@@ -360,25 +375,29 @@ template <typename T>
 __global__ void dlogits_kernel(LossArgs g, ScoreTile tile, void* out, int64_t out_ld,
                                DView grad_logits, Dtype round_to) {
   const int64_t r = blockIdx.x, i = tile.r0 + r;
-  const DlogitsRow row(g, g.rows[i]);
+  const DlogitsRow row(g, g.rows[i], tile.j0);
   const float* u = tile.u + r * tile.ld;
-  const int64_t o = r * out_ld;
+  T* g_row = out ? static_cast<T*>(out) + r * out_ld : nullptr;
+  const int cols = int(tile.cols);
   // Pairs need 8-byte aligned f32 reads: an even leading dimension (tile.u
   // itself comes from an aligned allocation).
   const bool pairs = tile.ld % 2 == 0;
-  for (int64_t c = 2 * int64_t(threadIdx.x); c < tile.cols; c += 2 * kThreads) {
-    const int64_t j = tile.j0 + c;
+  for (int c = 2 * threadIdx.x; c < cols; c += 2 * kThreads) {
+    const bool two = c + 1 < cols;
     float2 uu;
-    if (pairs && c + 1 < tile.cols) uu = *reinterpret_cast<const float2*>(u + c);
-    else uu = make_float2(u[c], c + 1 < tile.cols ? u[c + 1] : 0.0f);
-    const float g0 = row(g, uu.x, j, round_to);
-    if (out != nullptr) store_g<T>(out, o + c, g0);
-    if (grad_logits.present()) store_at(grad_logits, i * grad_logits.s0 + j * grad_logits.s1, g0);
-    if (c + 1 >= tile.cols) continue;
-    const float g1 = row(g, uu.y, j + 1, round_to);
-    if (out != nullptr) store_g<T>(out, o + c + 1, g1);
-    if (grad_logits.present())
-      store_at(grad_logits, i * grad_logits.s0 + (j + 1) * grad_logits.s1, g1);
+    if (pairs && two) uu = *reinterpret_cast<const float2*>(u + c);
+    else uu = make_float2(u[c], two ? u[c + 1] : 0.0f);
+    const float g0 = row(uu.x, c, round_to);
+    const float g1 = two ? row(uu.y, c + 1, round_to) : 0.0f;
+    if (g_row) {
+      store_g<T>(g_row, c, g0);
+      if (two) store_g<T>(g_row, c + 1, g1);
+    }
+    if (grad_logits.present()) {
+      const int64_t j = tile.j0 + c;
+      store_at(grad_logits, i * grad_logits.s0 + j * grad_logits.s1, g0);
+      if (two) store_at(grad_logits, i * grad_logits.s0 + (j + 1) * grad_logits.s1, g1);
+    }
   }
 }
 
