@@ -121,6 +121,8 @@ cuda::LossArgs loss_args(const Problem& p, const cuda::Plan& plan, const cuda::W
   cuda::LossArgs g;
   g.n = plan.d.n, g.v = plan.d.v;
   g.a = o.logit_scale, g.k = o.softcap, g.e = o.label_smoothing, g.l = o.z_loss;
+  g.a_f32 = float(o.logit_scale), g.k_f32 = float(o.softcap);
+  g.inv_k_f32 = o.softcap > 0 ? float(1 / o.softcap) : 0.0f;
   g.ignore_index = o.ignore_index;
   g.reduction = int(o.reduction);
   g.backward = plan.pass == Pass::backward;
@@ -188,10 +190,13 @@ std::string run_passes(const Problem& p, Pass pass, cudaStream_t stream, void* w
   if (cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess)
     return cuda_error("cuda backend: checking labels and weights", e);
   if (auto e = check_values(p, scalars, stream); !e.empty()) return e;
-  const cuda::Context c{p, plan, ws, args, stream};
-  if (auto e = cuda::statistics_pass(c); !e.empty()) return e;
-  if (plan.grads) return cuda::gradient_pass(c);
-  return "";
+  cuda::TilePipeline pipe;
+  if (auto e = pipe.open(stream); !e.empty()) return e;
+  const cuda::Context c{p, plan, ws, args, stream, &pipe};
+  std::string error = cuda::statistics_pass(c);
+  if (error.empty() && plan.grads) error = cuda::gradient_pass(c);
+  pipe.join();  // the call's stream holds all of it
+  return error;
 }
 
 class CudaBackend final : public Backend {

@@ -11,7 +11,7 @@
 namespace flce::cuda {
 namespace {
 
-constexpr int kThreads = 256;       // per block, for the per-row kernels
+constexpr int kThreads = 256;       // per block, for the elementwise kernels
 constexpr int kWideThreads = 1024;  // the single-block reductions
 constexpr float kInf = INFINITY;
 
@@ -68,8 +68,8 @@ struct TileParams {
   const float* bias;      // at the tile's column 0, or null
   const float* class_w;   // likewise
 
-  __host__ __device__ TileParams(const LossArgs& g, int64_t j0)
-      : a(float(g.a)), k(float(g.k)), inv_k(g.k > 0 ? float(1 / g.k) : 0.0f),
+  __device__ TileParams(const LossArgs& g, int64_t j0)
+      : a(g.a_f32), k(g.k_f32), inv_k(g.inv_k_f32),
         bias(g.bias_f32 ? g.bias_f32 + j0 : nullptr),
         class_w(g.class_w ? g.class_w + j0 : nullptr) {}
 
@@ -168,20 +168,31 @@ __device__ State warp_merge(State st) {
     o.sum_cs = __shfl_xor_sync(0xffffffffu, st.sum_cs, width);
     o.argmax = __shfl_xor_sync(0xffffffffu, st.argmax, width);
     o.first_nan = __shfl_xor_sync(0xffffffffu, st.first_nan, width);
-    // The lower lane's state first, so both lanes compute the same bits.
+    // The lower lane's state first, so both lanes compute the same bits
+    // (field by field: a struct-valued select would go to local memory).
     const bool lower = (threadIdx.x & width) == 0;
-    State a = lower ? st : o;
-    a.merge(lower ? o : st);
+    State a, b;
+    a.max = lower ? st.max : o.max, b.max = lower ? o.max : st.max;
+    a.sum_exp = lower ? st.sum_exp : o.sum_exp, b.sum_exp = lower ? o.sum_exp : st.sum_exp;
+    a.sum_exp_s = lower ? st.sum_exp_s : o.sum_exp_s, b.sum_exp_s = lower ? o.sum_exp_s : st.sum_exp_s;
+    a.sum_cs = lower ? st.sum_cs : o.sum_cs, b.sum_cs = lower ? o.sum_cs : st.sum_cs;
+    a.argmax = lower ? st.argmax : o.argmax, b.argmax = lower ? o.argmax : st.argmax;
+    a.first_nan = lower ? st.first_nan : o.first_nan;
+    b.first_nan = lower ? o.first_nan : st.first_nan;
+    a.merge(b);
     st = a;
   }
   return st;
 }
 
-constexpr int kWarps = kThreads / 32;
+// Threads per row in tile_states: two warps, so that each thread folds 32
+// columns of a 2048-wide tile before the (costly) merges.
+constexpr int kStateThreads = 64;
+constexpr int kWarps = kStateThreads / 32;
 
-// One block per row of the tile. Thread t takes columns t, t + 256, ... in
+// One block per row of the tile. Thread t takes columns t, t + 64, ... in
 // groups of four (independent loads and exps; one rescale per group); the
-// states merge by a warp butterfly, then warp 0 folds the 8 warps in order.
+// states merge by a warp butterfly, then thread 0 folds the warps in order.
 __global__ void tile_states_kernel(LossArgs g, ScoreTile tile, int64_t t, int64_t tiles,
                                    int64_t state_r0, TileState* states) {
   __shared__ State warps[kWarps];
@@ -192,12 +203,12 @@ __global__ void tile_states_kernel(LossArgs g, ScoreTile tile, int64_t t, int64_
   const int64_t y_col = load_int(g.labels, i) - tile.j0;  // the label's column, if in the tile
   constexpr int kGroup = 4;
   State st;
-  for (int c0 = threadIdx.x; c0 < cols; c0 += kThreads * kGroup) {
+  for (int c0 = threadIdx.x; c0 < cols; c0 += kStateThreads * kGroup) {
     float s[kGroup];
     float group_max = -kInf;
 #pragma unroll
     for (int k = 0; k < kGroup; ++k) {
-      const int c = c0 + k * kThreads;
+      const int c = c0 + k * kStateThreads;
       s[k] = c < cols ? q.score(u[c], c) : -kInf;
       group_max = s[k] > group_max ? s[k] : group_max;  // NaN compares false
     }
@@ -211,7 +222,7 @@ __global__ void tile_states_kernel(LossArgs g, ScoreTile tile, int64_t t, int64_
     const float shift = shift_of(st.max);
 #pragma unroll
     for (int k = 0; k < kGroup; ++k) {
-      const int c = c0 + k * kThreads;
+      const int c = c0 + k * kStateThreads;
       if (c < cols) {  // (no break: the loop stays unrolled and s[] in registers)
         if (isnan(s[k])) {
           st.first_nan = min_index(st.first_nan, tile.j0 + c);
@@ -368,6 +379,9 @@ __device__ void store_g<__half>(void* out, int64_t o, float v) {
   static_cast<__half*>(out)[o] = __float2half_rn(v);
 }
 
+// Threads per row in dlogits: each takes 8 pairs of a 2048-wide tile.
+constexpr int kDlogitsThreads = 128;
+
 // One block per row of the tile; each thread takes pairs of adjacent
 // columns, so a warp reads 256 contiguous bytes of u and writes G in whole
 // sectors. out may be null (the logits entry writes only grad_logits).
@@ -382,7 +396,7 @@ __global__ void dlogits_kernel(LossArgs g, ScoreTile tile, void* out, int64_t ou
   // Pairs need 8-byte aligned f32 reads: an even leading dimension (tile.u
   // itself comes from an aligned allocation).
   const bool pairs = tile.ld % 2 == 0;
-  for (int c = 2 * threadIdx.x; c < cols; c += 2 * kThreads) {
+  for (int c = 2 * threadIdx.x; c < cols; c += 2 * kDlogitsThreads) {
     const bool two = c + 1 < cols;
     float2 uu;
     if (pairs && two) uu = *reinterpret_cast<const float2*>(u + c);
@@ -465,7 +479,7 @@ void prepare(const LossArgs& args, float* class_w, float* bias, cudaStream_t str
 void tile_states(const LossArgs& args, const ScoreTile& tile, int64_t t, int64_t tiles,
                  int64_t state_r0, TileState* states, cudaStream_t stream) {
   const unsigned blocks = unsigned(tile.rows);
-  tile_states_kernel<<<blocks, kThreads, 0, stream>>>(args, tile, t, tiles, state_r0, states);
+  tile_states_kernel<<<blocks, kStateThreads, 0, stream>>>(args, tile, t, tiles, state_r0, states);
 }
 
 void merge_rows(const LossArgs& args, const TileState* states, int64_t tiles, int64_t r0,
@@ -482,12 +496,12 @@ void dlogits(const LossArgs& args, const ScoreTile& tile, void* g, Dtype g_dtype
              DView grad_logits, Dtype round_to, cudaStream_t stream) {
   const unsigned blocks = unsigned(tile.rows);
   if (g == nullptr || g_dtype == Dtype::f32)
-    dlogits_kernel<float><<<blocks, kThreads, 0, stream>>>(args, tile, g, g_ld, grad_logits, round_to);
+    dlogits_kernel<float><<<blocks, kDlogitsThreads, 0, stream>>>(args, tile, g, g_ld, grad_logits, round_to);
   else if (g_dtype == Dtype::bf16)
-    dlogits_kernel<__nv_bfloat16><<<blocks, kThreads, 0, stream>>>(args, tile, g, g_ld, grad_logits,
+    dlogits_kernel<__nv_bfloat16><<<blocks, kDlogitsThreads, 0, stream>>>(args, tile, g, g_ld, grad_logits,
                                                                   round_to);
   else
-    dlogits_kernel<__half><<<blocks, kThreads, 0, stream>>>(args, tile, g, g_ld, grad_logits, round_to);
+    dlogits_kernel<__half><<<blocks, kDlogitsThreads, 0, stream>>>(args, tile, g, g_ld, grad_logits, round_to);
 }
 
 void column_sums(const void* g, Dtype g_dtype, int64_t g_ld, int64_t rows, int64_t cols,

@@ -69,6 +69,7 @@ struct Scalars {
 struct LossArgs {
   int64_t n = 0, v = 0;
   double a = 1, k = 0, e = 0, l = 0;  // logit scale, softcap, smoothing, z-loss
+  float a_f32 = 1, k_f32 = 0, inv_k_f32 = 0;  // a, k and 1/k (0 when k = 0) for the tile kernels
   int64_t ignore_index = -100;
   int reduction = 0;  // flce::Reduction
   bool backward = false;  // the lse is an input (Pass::backward)

@@ -48,7 +48,7 @@ struct Workspace {
   float* class_w = nullptr;       // [V]
   float* bias = nullptr;          // [V]
   TileState* states = nullptr;    // [state_rows, tiles]
-  float* scores = nullptr;        // [tile_rows, tile_cols]
+  float* scores = nullptr;        // [2, tile_rows, tile_cols]: two score tiles
   void* g = nullptr;              // [block_rows, block_cols] in grad_gemm
   float* grad_x_acc = nullptr;    // [N, H]
   float* grad_w_acc = nullptr;    // [block_cols, H]
