@@ -126,6 +126,7 @@ cuda::LossArgs loss_args(const Problem& p, const cuda::Plan& plan, const cuda::W
   g.ignore_index = o.ignore_index;
   g.reduction = int(o.reduction);
   g.backward = plan.pass == Pass::backward;
+  g.need_sbar = p.entropy.present() || p.grad_entropy.present();
   g.labels = dview(p.labels), g.token_weights = dview(p.token_weights);
   g.class_weights = dview(p.class_weights), g.bias = dview(p.bias);
   g.grad_loss = dview(p.grad_loss), g.grad_lse = dview(p.grad_lse);

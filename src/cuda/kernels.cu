@@ -193,6 +193,10 @@ constexpr int kWarps = kStateThreads / 32;
 // One block per row of the tile. Thread t takes columns t, t + 64, ... in
 // groups of four (independent loads and exps; one rescale per group); the
 // states merge by a warp butterfly, then thread 0 folds the warps in order.
+// The sums nobody asked for are compiled out: sum_exp_s (kSbar: entropy or
+// grad_entropy) and sum_cs (kSumCs: label smoothing); so is the softcap.
+// Column indices stay 32-bit and tile-relative until the merge.
+template <bool kSbar, bool kSumCs, bool kSoftcap>
 __global__ void tile_states_kernel(LossArgs g, ScoreTile tile, int64_t t, int64_t tiles,
                                    int64_t state_r0, TileState* states) {
   __shared__ State warps[kWarps];
@@ -202,42 +206,54 @@ __global__ void tile_states_kernel(LossArgs g, ScoreTile tile, int64_t t, int64_
   const int cols = int(tile.cols);
   const int64_t y_col = load_int(g.labels, i) - tile.j0;  // the label's column, if in the tile
   constexpr int kGroup = 4;
-  State st;
+  float max = -kInf, sum_exp = 0, sum_exp_s = 0, sum_cs = 0;
+  int arg_c = -1, nan_c = -1;  // tile columns; -1 = none
   for (int c0 = threadIdx.x; c0 < cols; c0 += kStateThreads * kGroup) {
     float s[kGroup];
     float group_max = -kInf;
 #pragma unroll
     for (int k = 0; k < kGroup; ++k) {
       const int c = c0 + k * kStateThreads;
-      s[k] = c < cols ? q.score(u[c], c) : -kInf;
+      if (c < cols) {
+        const float z = q.a * (q.bias ? u[c] + q.bias[c] : u[c]);
+        s[k] = kSoftcap ? q.k * tanhf(z * q.inv_k) : z;
+      } else {
+        s[k] = -kInf;
+      }
       group_max = s[k] > group_max ? s[k] : group_max;  // NaN compares false
     }
-    if (group_max > st.max) {  // one rescale per group
-      const float f = st.max == -kInf ? 0.0f : expf(shift_of(st.max) - shift_of(group_max));
-      st.sum_exp *= f;
-      st.sum_exp_s *= f;
-      st.max = group_max;
-      st.argmax = -1;  // the group's first max sets it below
+    if (group_max > max) {  // one rescale per group
+      const float f = max == -kInf ? 0.0f : expf(shift_of(max) - shift_of(group_max));
+      sum_exp *= f;
+      if (kSbar) sum_exp_s *= f;
+      max = group_max;
+      arg_c = -1;  // the group's first max sets it below
     }
-    const float shift = shift_of(st.max);
+    const float shift = shift_of(max);
 #pragma unroll
     for (int k = 0; k < kGroup; ++k) {
       const int c = c0 + k * kStateThreads;
       if (c < cols) {  // (no break: the loop stays unrolled and s[] in registers)
         if (isnan(s[k])) {
-          st.first_nan = min_index(st.first_nan, tile.j0 + c);
+          if (nan_c < 0) nan_c = c;  // columns rise within a thread
         } else {
           const float e = expf(s[k] - shift);
-          st.sum_exp += e;
-          st.sum_exp_s += e == 0 ? 0.0f : e * s[k];
-          const float cw = q.class_weight(c);
-          st.sum_cs += cw == 0 ? 0.0f : cw * s[k];
-          if (s[k] == st.max && st.argmax < 0) st.argmax = tile.j0 + c;  // columns rise
+          sum_exp += e;
+          if (kSbar) sum_exp_s += e == 0 ? 0.0f : e * s[k];
+          if (kSumCs) {
+            const float cw = q.class_weight(c);
+            sum_cs += cw == 0 ? 0.0f : cw * s[k];
+          }
+          if (s[k] == max && arg_c < 0) arg_c = c;
           if (c == y_col) g.rows[i].s_y = s[k];
         }
       }
     }
   }
+  State st;
+  st.max = max, st.sum_exp = sum_exp, st.sum_exp_s = sum_exp_s, st.sum_cs = sum_cs;
+  st.argmax = arg_c < 0 ? -1 : tile.j0 + arg_c;
+  st.first_nan = nan_c < 0 ? -1 : tile.j0 + nan_c;
   st = warp_merge(st);
   const int warp = threadIdx.x / 32;
   if (threadIdx.x % 32 == 0) warps[warp] = st;
@@ -479,7 +495,17 @@ void prepare(const LossArgs& args, float* class_w, float* bias, cudaStream_t str
 void tile_states(const LossArgs& args, const ScoreTile& tile, int64_t t, int64_t tiles,
                  int64_t state_r0, TileState* states, cudaStream_t stream) {
   const unsigned blocks = unsigned(tile.rows);
-  tile_states_kernel<<<blocks, kStateThreads, 0, stream>>>(args, tile, t, tiles, state_r0, states);
+  const int flags = (args.need_sbar ? 4 : 0) | (args.e > 0 ? 2 : 0) | (args.k > 0 ? 1 : 0);
+  switch (flags) {
+#define FLCE_STATES(F) \
+  case F: \
+    tile_states_kernel<bool(F & 4), bool(F & 2), bool(F & 1)> \
+        <<<blocks, kStateThreads, 0, stream>>>(args, tile, t, tiles, state_r0, states); \
+    break;
+    FLCE_STATES(0) FLCE_STATES(1) FLCE_STATES(2) FLCE_STATES(3)
+    FLCE_STATES(4) FLCE_STATES(5) FLCE_STATES(6) FLCE_STATES(7)
+#undef FLCE_STATES
+  }
 }
 
 void merge_rows(const LossArgs& args, const TileState* states, int64_t tiles, int64_t r0,

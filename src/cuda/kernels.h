@@ -73,6 +73,7 @@ struct LossArgs {
   int64_t ignore_index = -100;
   int reduction = 0;  // flce::Reduction
   bool backward = false;  // the lse is an input (Pass::backward)
+  bool need_sbar = false;  // sum_j p_j s_j is used (entropy output or grad_entropy)
   DView labels, token_weights, class_weights, bias;
   DView grad_loss, grad_lse, grad_entropy, lse_in;
   DView loss, lse, logprob, argmax, entropy, zloss;  // forward outputs

@@ -9,7 +9,7 @@ namespace flce::cuda {
 namespace {
 
 constexpr int64_t kTileRows = 2048, kTileCols = 2048;
-constexpr size_t kBlockBytes = size_t(256) << 20;  // the G block
+constexpr size_t kBlockBytes = size_t(192) << 20;  // the G block
 constexpr size_t kStateBytes = size_t(64) << 20;   // pass 1's tile states
 
 // FLCE_CUDA_TILE=RxC overrides the score tile and FLCE_CUDA_BLOCK=RxC the
