@@ -186,11 +186,13 @@ __device__ State warp_merge(State st) {
 }
 
 // Threads per row in tile_states: two warps, so that each thread folds 32
-// columns of a 2048-wide tile before the (costly) merges.
+// columns of a 2048-wide tile before the (costly) merges; four rows share a
+// block (fewer, longer-lived blocks).
 constexpr int kStateThreads = 64;
 constexpr int kWarps = kStateThreads / 32;
+constexpr int kStateRows = 4;
 
-// One block per row of the tile. Thread t takes columns t, t + 64, ... in
+// kStateRows rows of the tile per block. Thread t of a row takes columns t, t + 64, ... in
 // groups of four (independent loads and exps; one rescale per group); the
 // states merge by a warp butterfly, then thread 0 folds the warps in order.
 // The sums nobody asked for are compiled out: sum_exp_s (kSbar: entropy or
@@ -199,16 +201,18 @@ constexpr int kWarps = kStateThreads / 32;
 template <bool kSbar, bool kSumCs, bool kSoftcap>
 __global__ void tile_states_kernel(LossArgs g, ScoreTile tile, int64_t t, int64_t tiles,
                                    int64_t state_r0, TileState* states) {
-  __shared__ State warps[kWarps];
-  const int64_t r = blockIdx.x, i = tile.r0 + r;
+  __shared__ State warps[kStateRows][kWarps];
+  const int row_in_block = threadIdx.x / kStateThreads, tid = threadIdx.x % kStateThreads;
+  const int64_t r = int64_t(blockIdx.x) * kStateRows + row_in_block, i = tile.r0 + r;
+  const bool live = r < tile.rows;  // no early return: the block meets at a barrier
   const float* u = tile.u + r * tile.ld;
   const TileParams q(g, tile.j0);
-  const int cols = int(tile.cols);
-  const int64_t y_col = load_int(g.labels, i) - tile.j0;  // the label's column, if in the tile
+  const int cols = live ? int(tile.cols) : 0;
+  const int64_t y_col = live ? load_int(g.labels, i) - tile.j0 : -1;  // the label's column
   constexpr int kGroup = 4;
   float max = -kInf, sum_exp = 0, sum_exp_s = 0, sum_cs = 0;
   int arg_c = -1, nan_c = -1;  // tile columns; -1 = none
-  for (int c0 = threadIdx.x; c0 < cols; c0 += kStateThreads * kGroup) {
+  for (int c0 = tid; c0 < cols; c0 += kStateThreads * kGroup) {
     float s[kGroup];
     float group_max = -kInf;
 #pragma unroll
@@ -255,12 +259,12 @@ __global__ void tile_states_kernel(LossArgs g, ScoreTile tile, int64_t t, int64_
   st.argmax = arg_c < 0 ? -1 : tile.j0 + arg_c;
   st.first_nan = nan_c < 0 ? -1 : tile.j0 + nan_c;
   st = warp_merge(st);
-  const int warp = threadIdx.x / 32;
-  if (threadIdx.x % 32 == 0) warps[warp] = st;
+  const int warp = tid / 32;
+  if (tid % 32 == 0) warps[row_in_block][warp] = st;
   __syncthreads();
-  if (threadIdx.x != 0) return;
-  st = warps[0];
-  for (int w = 1; w < kWarps; ++w) st.merge(warps[w]);
+  if (tid != 0 || !live) return;
+  st = warps[row_in_block][0];
+  for (int w = 1; w < kWarps; ++w) st.merge(warps[row_in_block][w]);
   states[(i - state_r0) * tiles + t] =
       TileState{st.max, st.sum_exp, st.sum_exp_s, st.sum_cs, st.argmax, st.first_nan};
 }
@@ -494,13 +498,13 @@ void prepare(const LossArgs& args, float* class_w, float* bias, cudaStream_t str
 
 void tile_states(const LossArgs& args, const ScoreTile& tile, int64_t t, int64_t tiles,
                  int64_t state_r0, TileState* states, cudaStream_t stream) {
-  const unsigned blocks = unsigned(tile.rows);
+  const unsigned blocks = unsigned((tile.rows + kStateRows - 1) / kStateRows);
   const int flags = (args.need_sbar ? 4 : 0) | (args.e > 0 ? 2 : 0) | (args.k > 0 ? 1 : 0);
   switch (flags) {
 #define FLCE_STATES(F) \
   case F: \
     tile_states_kernel<bool(F & 4), bool(F & 2), bool(F & 1)> \
-        <<<blocks, kStateThreads, 0, stream>>>(args, tile, t, tiles, state_r0, states); \
+        <<<blocks, kStateThreads * kStateRows, 0, stream>>>(args, tile, t, tiles, state_r0, states); \
     break;
     FLCE_STATES(0) FLCE_STATES(1) FLCE_STATES(2) FLCE_STATES(3)
     FLCE_STATES(4) FLCE_STATES(5) FLCE_STATES(6) FLCE_STATES(7)
