@@ -126,8 +126,9 @@ TEST(CudaBasics, ForcedOnHostTensorsIsAnErrorThatSaysSo) {
   const flce::Status s = flce::forward(p, cuda());
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.error.find("cuda"), std::string::npos) << s.error;
-  if (flce::cuda::built_with_cuda() && gpu_missing().empty())
+  if (flce::cuda::built_with_cuda() && gpu_missing().empty()) {
     EXPECT_NE(s.error.find("host"), std::string::npos) << s.error;
+  }
 }
 
 // ---- Agreement with the oracle -------------------------------------------------
