@@ -39,7 +39,7 @@ if(FLCE_HAVE_CUDA)
     ${_flce_cuda_dir}/kernels.cu
     ${_flce_cuda_dir}/device_copy.cpp)
   set_source_files_properties(${_flce_cuda_dir}/kernels.cu TARGET_DIRECTORY flce
-    PROPERTIES COMPILE_OPTIONS "--expt-relaxed-constexpr;-Xcompiler=-Wall")
+    PROPERTIES COMPILE_OPTIONS "--expt-relaxed-constexpr;-lineinfo;-Xcompiler=-Wall")
   # flce was created before CUDA was enabled: set what the target missed.
   set_target_properties(flce PROPERTIES CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}"
                                         CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON)
