@@ -3,12 +3,13 @@
 //
 // Two levels of tiling, both over [rows x vocabulary]:
 //   score tile      [tile_rows x tile_cols] f32: one GEMM writes the raw
-//                   logits, one kernel reads them right after, while they
-//                   are still in L2 (16 MiB by default).
+//                   logits, one kernel reads them, overlapping the next
+//                   tile's GEMM (two buffers, pipeline.h; 2 x 64 MiB by
+//                   default).
 //   gradient block  [block_rows x block_cols] of G (dlogits) in the
 //                   gradient GEMMs' dtype, assembled from score tiles, then
 //                   fed to grad_x += G W_block and grad_W_block (+)= G^T X.
-//                   Large, so both GEMMs have a long K (256 MiB by default).
+//                   Large, so both GEMMs have a long K (192 MiB by default).
 // The pass over the vocabulary for lse (pass 1) keeps one TileState per
 // (row, score tile) for state_rows rows at a time.
 #pragma once
