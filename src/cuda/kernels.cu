@@ -192,12 +192,29 @@ constexpr int kStateThreads = 64;
 constexpr int kWarps = kStateThreads / 32;
 constexpr int kStateRows = 4;
 
-// kStateRows rows of the tile per block. Thread t of a row takes columns t, t + 64, ... in
-// groups of four (independent loads and exps; one rescale per group); the
-// states merge by a warp butterfly, then thread 0 folds the warps in order.
-// The sums nobody asked for are compiled out: sum_exp_s (kSbar: entropy or
-// grad_entropy) and sum_cs (kSumCs: label smoothing); so is the softcap.
-// Column indices stay 32-bit and tile-relative until the merge.
+// Four adjacent columns c .. c+3 of a row (n <= 4 of them inside the tile):
+// one 16-byte load when the row is 16-byte aligned and all four are in.
+struct Quad {
+  float v[4];
+  __device__ Quad(const float* row, int c, int n, bool aligned) {
+    if (aligned && n == 4) {
+      const float4 q = *reinterpret_cast<const float4*>(row + c);
+      v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+    } else {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) v[k] = k < n ? row[c + k] : 0.0f;
+    }
+  }
+};
+
+// kStateRows rows of the tile per block, kStateThreads threads per row.
+// Thread t takes the column quads 4t, 4t + 256, ...: one vector load, one
+// group max and (rarely) one rescale per quad; exps, sums, argmax, NaN and
+// label checks per quad rather than per column where they can be. The
+// states merge by a warp butterfly, then a row's first thread folds its
+// warps in order. Sums nobody asked for are compiled out: sum_exp_s (kSbar:
+// entropy or grad_entropy) and sum_cs (kSumCs: label smoothing); so is the
+// softcap. Columns stay 32-bit and tile-relative until the merge.
 template <bool kSbar, bool kSumCs, bool kSoftcap>
 __global__ void tile_states_kernel(LossArgs g, ScoreTile tile, int64_t t, int64_t tiles,
                                    int64_t state_r0, TileState* states) {
@@ -209,50 +226,55 @@ __global__ void tile_states_kernel(LossArgs g, ScoreTile tile, int64_t t, int64_
   const TileParams q(g, tile.j0);
   const int cols = live ? int(tile.cols) : 0;
   const int64_t y_col = live ? load_int(g.labels, i) - tile.j0 : -1;  // the label's column
-  constexpr int kGroup = 4;
+  const bool aligned = reinterpret_cast<uintptr_t>(u) % 16 == 0;
+  const bool bias_aligned = reinterpret_cast<uintptr_t>(q.bias) % 16 == 0;
   float max = -kInf, sum_exp = 0, sum_exp_s = 0, sum_cs = 0;
   int arg_c = -1, nan_c = -1;  // tile columns; -1 = none
-  for (int c0 = tid; c0 < cols; c0 += kStateThreads * kGroup) {
-    float s[kGroup];
+  for (int c = 4 * tid; c < cols; c += 4 * kStateThreads) {
+    const int n = cols - c < 4 ? cols - c : 4;
+    float s[4];
+    const Quad uq(u, c, n, aligned);
+    const Quad bq = q.bias ? Quad(q.bias, c, n, bias_aligned) : uq;
     float group_max = -kInf;
+    bool nan = false;
 #pragma unroll
-    for (int k = 0; k < kGroup; ++k) {
-      const int c = c0 + k * kStateThreads;
-      if (c < cols) {
-        const float z = q.a * (q.bias ? u[c] + q.bias[c] : u[c]);
-        s[k] = kSoftcap ? q.k * tanhf(z * q.inv_k) : z;
-      } else {
-        s[k] = -kInf;
-      }
-      group_max = s[k] > group_max ? s[k] : group_max;  // NaN compares false
+    for (int k = 0; k < 4; ++k) {
+      const float z = q.a * (q.bias ? uq.v[k] + bq.v[k] : uq.v[k]);
+      s[k] = k < n ? (kSoftcap ? q.k * tanhf(z * q.inv_k) : z) : -kInf;
+      group_max = fmaxf(group_max, s[k]);  // fmaxf ignores NaN
+      nan |= isnan(s[k]);
     }
-    if (group_max > max) {  // one rescale per group
+    if (group_max > max) {  // one rescale per quad, when the max rises
       const float f = max == -kInf ? 0.0f : expf(shift_of(max) - shift_of(group_max));
       sum_exp *= f;
       if (kSbar) sum_exp_s *= f;
       max = group_max;
-      arg_c = -1;  // the group's first max sets it below
+      arg_c = -1;
     }
     const float shift = shift_of(max);
 #pragma unroll
-    for (int k = 0; k < kGroup; ++k) {
-      const int c = c0 + k * kStateThreads;
-      if (c < cols) {  // (no break: the loop stays unrolled and s[] in registers)
-        if (isnan(s[k])) {
-          if (nan_c < 0) nan_c = c;  // columns rise within a thread
-        } else {
-          const float e = expf(s[k] - shift);
-          sum_exp += e;
-          if (kSbar) sum_exp_s += e == 0 ? 0.0f : e * s[k];
-          if (kSumCs) {
-            const float cw = q.class_weight(c);
-            sum_cs += cw == 0 ? 0.0f : cw * s[k];
-          }
-          if (s[k] == max && arg_c < 0) arg_c = c;
-          if (c == y_col) g.rows[i].s_y = s[k];
-        }
+    for (int k = 0; k < 4; ++k) {
+      // Padding is -inf: exp gives 0. A NaN poisons the sums, as on the cpu;
+      // the lse of such a row is NaN by first_nan whatever the sums hold.
+      const float e = expf(s[k] - shift);
+      sum_exp += e;
+      if (kSbar) sum_exp_s += e == 0 ? 0.0f : e * s[k];
+      if (kSumCs && k < n) {
+        const float cw = q.class_weight(c + k);
+        sum_cs += cw == 0 ? 0.0f : cw * s[k];
       }
     }
+    if (group_max == max && arg_c < 0) {  // columns rise within a thread: the first wins
+#pragma unroll
+      for (int k = 3; k >= 0; --k)
+        if (s[k] == max) arg_c = c + k;
+    }
+    if (nan && nan_c < 0) {
+#pragma unroll
+      for (int k = 3; k >= 0; --k)
+        if (isnan(s[k])) nan_c = c + k;
+    }
+    if (uint64_t(y_col - c) < uint64_t(n)) g.rows[i].s_y = s[y_col - c];
   }
   State st;
   st.max = max, st.sum_exp = sum_exp, st.sum_exp_s = sum_exp_s, st.sum_cs = sum_cs;
@@ -399,12 +421,45 @@ __device__ void store_g<__half>(void* out, int64_t o, float v) {
   static_cast<__half*>(out)[o] = __float2half_rn(v);
 }
 
-// Threads per row in dlogits: each takes 8 pairs of a 2048-wide tile.
+// Four values of G stored at g[c .. c+n): one 8- or 16-byte store when
+// aligned and full.
+template <typename T>
+__device__ void store_quad(T* g, int c, int n, const float v[4], bool aligned);
+template <>
+__device__ void store_quad<float>(float* g, int c, int n, const float v[4], bool aligned) {
+  if (aligned && n == 4) {
+    *reinterpret_cast<float4*>(g + c) = make_float4(v[0], v[1], v[2], v[3]);
+    return;
+  }
+  for (int k = 0; k < n; ++k) g[c + k] = v[k];
+}
+template <typename T16>
+__device__ void store_quad16(T16* g, int c, int n, const float v[4], bool aligned) {
+  T16 h[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) store_g<T16>(h, k, v[k]);
+  if (aligned && n == 4) {
+    *reinterpret_cast<uint2*>(g + c) = *reinterpret_cast<const uint2*>(h);
+    return;
+  }
+  for (int k = 0; k < n; ++k) g[c + k] = h[k];
+}
+template <>
+__device__ void store_quad<__nv_bfloat16>(__nv_bfloat16* g, int c, int n, const float v[4],
+                                          bool aligned) {
+  store_quad16(g, c, n, v, aligned);
+}
+template <>
+__device__ void store_quad<__half>(__half* g, int c, int n, const float v[4], bool aligned) {
+  store_quad16(g, c, n, v, aligned);
+}
+
+// Threads per row in dlogits: each takes 8 quads of a 4096-wide tile.
 constexpr int kDlogitsThreads = 128;
 
-// One block per row of the tile; each thread takes pairs of adjacent
-// columns, so a warp reads 256 contiguous bytes of u and writes G in whole
-// sectors. out may be null (the logits entry writes only grad_logits).
+// One block per row of the tile; each thread takes quads of adjacent
+// columns (one 16-byte load of u, one 8- or 16-byte store of G). out may be
+// null (the logits entry writes only grad_logits).
 template <typename T>
 __global__ void dlogits_kernel(LossArgs g, ScoreTile tile, void* out, int64_t out_ld,
                                DView grad_logits, Dtype round_to) {
@@ -413,24 +468,18 @@ __global__ void dlogits_kernel(LossArgs g, ScoreTile tile, void* out, int64_t ou
   const float* u = tile.u + r * tile.ld;
   T* g_row = out ? static_cast<T*>(out) + r * out_ld : nullptr;
   const int cols = int(tile.cols);
-  // Pairs need 8-byte aligned f32 reads: an even leading dimension (tile.u
-  // itself comes from an aligned allocation).
-  const bool pairs = tile.ld % 2 == 0;
-  for (int c = 2 * threadIdx.x; c < cols; c += 2 * kDlogitsThreads) {
-    const bool two = c + 1 < cols;
-    float2 uu;
-    if (pairs && two) uu = *reinterpret_cast<const float2*>(u + c);
-    else uu = make_float2(u[c], two ? u[c + 1] : 0.0f);
-    const float g0 = row(uu.x, c, round_to);
-    const float g1 = two ? row(uu.y, c + 1, round_to) : 0.0f;
-    if (g_row) {
-      store_g<T>(g_row, c, g0);
-      if (two) store_g<T>(g_row, c + 1, g1);
-    }
+  const bool aligned = reinterpret_cast<uintptr_t>(u) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(g_row) % (4 * sizeof(T)) == 0;
+  for (int c = 4 * threadIdx.x; c < cols; c += 4 * kDlogitsThreads) {
+    const int n = cols - c < 4 ? cols - c : 4;
+    const Quad uq(u, c, n, aligned);
+    float v[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] = k < n ? row(uq.v[k], c + k, round_to) : 0.0f;
+    if (g_row) store_quad<T>(g_row, c, n, v, aligned);
     if (grad_logits.present()) {
-      const int64_t j = tile.j0 + c;
-      store_at(grad_logits, i * grad_logits.s0 + j * grad_logits.s1, g0);
-      if (two) store_at(grad_logits, i * grad_logits.s0 + (j + 1) * grad_logits.s1, g1);
+      for (int k = 0; k < n; ++k)
+        store_at(grad_logits, i * grad_logits.s0 + (tile.j0 + c + k) * grad_logits.s1, v[k]);
     }
   }
 }
