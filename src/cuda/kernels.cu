@@ -274,7 +274,11 @@ __global__ void tile_states_kernel(LossArgs g, ScoreTile tile, int64_t t, int64_
       for (int k = 3; k >= 0; --k)
         if (isnan(s[k])) nan_c = c + k;
     }
-    if (uint64_t(y_col - c) < uint64_t(n)) g.rows[i].s_y = s[y_col - c];
+    if (uint64_t(y_col - c) < uint64_t(n)) {  // (unrolled: s[] stays in registers)
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        if (c + k == y_col) g.rows[i].s_y = s[k];
+    }
   }
   State st;
   st.max = max, st.sum_exp = sum_exp, st.sum_exp_s = sum_exp_s, st.sum_cs = sum_cs;
