@@ -224,6 +224,15 @@ TEST_F(CudaGpu, RowsAndVocabAroundTilesAndBlocks) {
     }
   setenv("FLCE_CUDA_TILE", "4096x4096", 1);
   check_all_passes(head(9, 5, 33).with_bias());
+  // Odd tile widths: rows of the score tile and of G start unaligned, so
+  // the kernels take their element-wise paths for loads and stores.
+  setenv("FLCE_CUDA_TILE", "7x13", 1);
+  setenv("FLCE_CUDA_BLOCK", "14x26", 1);
+  check_all_passes(head(23, 3, 70).with_bias().label_smoothing(0.1).with_grad_entropy());
+  check_all_passes(logits(23, 70).softcap(3).with_grad_lse());
+  DenseProblem d = head(23, 3, 70).stored_as(Dtype::bf16).with_bias().problem();
+  d.options.grad_logits_dtype = GradLogitsDtype::storage;
+  check(d, head(1, 1, 1).stored_as(Dtype::bf16).storage());
 }
 
 TEST_F(CudaGpu, LargeLogits) {
