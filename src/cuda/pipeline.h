@@ -25,7 +25,7 @@ class TilePipeline {
   // work already queued on `main`. "" or the error.
   std::string open(cudaStream_t main);
   cudaStream_t main() const { return main_; }
-  cudaStream_t side() const { return side_; }
+  cudaStream_t side() const { return single_ ? main_ : side_; }
 
   // The buffer (0 or 1) for the next tile; `main` waits until that buffer's
   // previous consumer is done with it.
@@ -42,6 +42,7 @@ class TilePipeline {
   cudaStream_t main_ = nullptr, side_ = nullptr;
   cudaEvent_t produced_[2] = {}, consumed_[2] = {}, sync_ = nullptr;
   int count_ = 0;
+  bool single_ = false;  // FLCE_CUDA_STREAMS=1: everything on main
 };
 
 }  // namespace flce::cuda
