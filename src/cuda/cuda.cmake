@@ -34,7 +34,6 @@ if(FLCE_HAVE_CUDA)
     ${_flce_cuda_dir}/cuda_backend.cpp
     ${_flce_cuda_dir}/plan.cpp
     ${_flce_cuda_dir}/passes.cpp
-    ${_flce_cuda_dir}/pipeline.cpp
     ${_flce_cuda_dir}/gemm.cpp
     ${_flce_cuda_dir}/kernels.cu
     ${_flce_cuda_dir}/device_copy.cpp)

@@ -191,12 +191,9 @@ std::string run_passes(const Problem& p, Pass pass, cudaStream_t stream, void* w
   if (cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess)
     return cuda_error("cuda backend: checking labels and weights", e);
   if (auto e = check_values(p, scalars, stream); !e.empty()) return e;
-  cuda::TilePipeline pipe;
-  if (auto e = pipe.open(stream); !e.empty()) return e;
-  const cuda::Context c{p, plan, ws, args, stream, &pipe};
+  const cuda::Context c{p, plan, ws, args, stream};
   std::string error = cuda::statistics_pass(c);
   if (error.empty() && plan.grads) error = cuda::gradient_pass(c);
-  pipe.join();  // the call's stream holds all of it
   return error;
 }
 

@@ -19,13 +19,11 @@ const char* at_elements(const void* base, int64_t offset, Dtype dtype) {
 }
 
 // The raw logits u of rows r0 .. r0+rows, classes j0 .. j0+cols, into the
-// pipeline's next score buffer (*k): a GEMM X W^T, or the logits converted
-// to f32, on the call's stream.
+// score tile: a GEMM X W^T, or the logits converted to f32.
 std::string load_scores(const Context& c, int64_t r0, int64_t rows, int64_t j0, int64_t cols,
-                        ScoreTile* tile, int* k) {
+                        ScoreTile* tile) {
   const Plan& plan = c.plan;
-  *k = c.pipe->next();
-  float* scores = c.ws.scores + *k * plan.tile_rows * plan.tile_cols;
+  float* scores = c.ws.scores;
   *tile = ScoreTile{scores, cols, rows, cols, r0, j0};
   if (plan.d.logits_entry) {
     const DView dst{scores, int(Dtype::f32), cols, 1};
@@ -45,20 +43,6 @@ std::string load_scores(const Context& c, int64_t r0, int64_t rows, int64_t j0, 
   return run_gemm(g, c.stream);
 }
 
-// load_scores, then the tile is handed to the side stream.
-std::string produce(const Context& c, int64_t r0, int64_t rows, int64_t j0, int64_t cols,
-                    ScoreTile* tile, int* k) {
-  FLCE_TRY(load_scores(c, r0, rows, j0, cols, tile, k));
-  c.pipe->produced(*k);
-  return "";
-}
-
-// After the consumer kernel of buffer k was queued on the side stream.
-std::string consumed(const Context& c, int k, const char* what) {
-  c.pipe->consumed(k);
-  return last_launch_error(what);
-}
-
 }  // namespace
 
 std::string statistics_pass(const Context& c) {
@@ -66,7 +50,6 @@ std::string statistics_pass(const Context& c) {
   const int64_t N = plan.d.n, V = plan.d.v;
   if (!plan.states_pass) {
     merge_rows(c.args, nullptr, 0, 0, N, false, c.stream);
-    c.pipe->fork();  // the side stream's dlogits read the RowInfo
     return last_launch_error("merge_rows");
   }
   for (int64_t s0 = 0; s0 < N; s0 += plan.state_rows) {
@@ -75,16 +58,13 @@ std::string statistics_pass(const Context& c) {
       const int64_t j0 = t * plan.tile_cols, cols = std::min(plan.tile_cols, V - j0);
       for (int64_t r0 = s0; r0 < s0 + srows; r0 += plan.tile_rows) {
         ScoreTile tile;
-        int k = 0;
-        FLCE_TRY(produce(c, r0, std::min(plan.tile_rows, s0 + srows - r0), j0, cols, &tile, &k));
-        tile_states(c.args, tile, t, plan.tiles, s0, c.ws.states, c.pipe->side());
-        FLCE_TRY(consumed(c, k, "tile_states"));
+        FLCE_TRY(load_scores(c, r0, std::min(plan.tile_rows, s0 + srows - r0), j0, cols, &tile));
+        tile_states(c.args, tile, t, plan.tiles, s0, c.ws.states, c.stream);
+        FLCE_TRY(last_launch_error("tile_states"));
       }
     }
-    c.pipe->join();  // the states are complete
     merge_rows(c.args, c.ws.states, plan.tiles, s0, srows, true, c.stream);
     FLCE_TRY(last_launch_error("merge_rows"));
-    c.pipe->fork();  // the next block's states overwrite these after the merge
   }
   if (plan.pass != Pass::backward && c.p.options.reduction != Reduction::none) {
     reduce_loss(c.args, c.stream);
@@ -102,15 +82,13 @@ std::string logits_gradient_pass(const Context& c) {
   for (int64_t r0 = 0; r0 < N; r0 += plan.tile_rows) {
     for (int64_t j0 = 0; j0 < V; j0 += plan.tile_cols) {
       ScoreTile tile;
-      int k = 0;
-      FLCE_TRY(produce(c, r0, std::min(plan.tile_rows, N - r0), j0,
-                       std::min(plan.tile_cols, V - j0), &tile, &k));
+      FLCE_TRY(load_scores(c, r0, std::min(plan.tile_rows, N - r0), j0,
+                           std::min(plan.tile_cols, V - j0), &tile));
       dlogits(c.args, tile, nullptr, Dtype::f32, 0, dview(c.p.grad_logits), plan.round_to,
-              c.pipe->side());
-      FLCE_TRY(consumed(c, k, "dlogits"));
+              c.stream);
+      FLCE_TRY(last_launch_error("dlogits"));
     }
   }
-  c.pipe->join();
   return "";
 }
 
@@ -217,16 +195,13 @@ std::string gradient_block(const Context& c, int64_t b0, int64_t brows, int64_t 
     const int64_t tcols = std::min(plan.tile_cols, j0 + cols - tj);
     for (int64_t r0 = b0; r0 < b0 + brows; r0 += plan.tile_rows) {
       ScoreTile tile;
-      int k = 0;
-      FLCE_TRY(produce(c, r0, std::min(plan.tile_rows, b0 + brows - r0), tj, tcols, &tile, &k));
+      FLCE_TRY(load_scores(c, r0, std::min(plan.tile_rows, b0 + brows - r0), tj, tcols, &tile));
       char* g = static_cast<char*>(c.ws.g) +
                 ((r0 - b0) * plan.block_cols + (tj - j0)) * int64_t(g_size);
-      dlogits(c.args, tile, g, plan.grad_gemm, plan.block_cols, DView{}, plan.round_to,
-              c.pipe->side());
-      FLCE_TRY(consumed(c, k, "dlogits"));
+      dlogits(c.args, tile, g, plan.grad_gemm, plan.block_cols, DView{}, plan.round_to, c.stream);
+      FLCE_TRY(last_launch_error("dlogits"));
     }
   }
-  c.pipe->join();  // the block's G is complete
   if (c.ws.grad_b_acc) {
     column_sums(c.ws.g, plan.grad_gemm, plan.block_cols, brows, cols, c.ws.grad_b_acc + j0,
                 c.stream);
@@ -251,7 +226,6 @@ std::string gradient_pass(const Context& c) {
       FLCE_TRY(gradient_block(c, b0, brows, j0, cols));
       if (p.grad_x.present()) FLCE_TRY(grad_x_gemm(c, b0, brows, j0, cols));
       if (p.grad_w.present()) FLCE_TRY(grad_w_gemm(c, b0, brows, j0, cols));
-      c.pipe->fork();  // the next block's G overwrites this one after its GEMMs
     }
     if (c.ws.grad_w_acc) {  // the block's rows of grad_W, in its dtype and layout
       DView dst = dview(p.grad_w);

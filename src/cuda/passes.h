@@ -1,13 +1,10 @@
 // src/cuda/passes.h: the two passes of the `cuda` backend over a problem
-// (internal). All work is queued in a fixed order: GEMMs and the per-row
-// kernels on the call's stream, the score tiles' kernels on the pipeline's
-// side stream (src/cuda/pipeline.h).
+// (internal). All work is queued on the call's stream, in a fixed order.
 #pragma once
 
 #include <string>
 
 #include "cuda/kernels.h"
-#include "cuda/pipeline.h"
 #include "cuda/plan.h"
 
 namespace flce::cuda {
@@ -17,8 +14,7 @@ struct Context {
   const Plan& plan;
   const Workspace& ws;
   LossArgs args;
-  cudaStream_t stream;  // the call's
-  TilePipeline* pipe;   // opened on `stream`
+  cudaStream_t stream;
 };
 
 // Pass 1: every score tile once; tile states, then per-row outputs and

@@ -93,7 +93,7 @@ Sizes sizes_of(const Plan& plan, const Problem& p) {
   s.bytes[3] = p.class_weights.present() ? size_t(V) * 4 : 0;
   s.bytes[4] = p.bias.present() ? size_t(V) * 4 : 0;
   s.bytes[5] = plan.states_pass ? size_t(plan.state_rows * plan.tiles) * sizeof(TileState) : 0;
-  s.bytes[6] = size_t(plan.tile_rows * plan.tile_cols) * 4 * 2;  // two, see pipeline.h
+  s.bytes[6] = size_t(plan.tile_rows * plan.tile_cols) * 4;
   s.bytes[7] = gemms ? size_t(plan.block_rows * plan.block_cols) * g_size : 0;
   s.bytes[8] = gemms && p.grad_x.present() && !plan.grad_x_in_place ? size_t(N * H) * 4 : 0;
   s.bytes[9] = gemms && p.grad_w.present() && !plan.grad_w_in_place && !plan.grad_w_direct

@@ -3,9 +3,7 @@
 //
 // Two levels of tiling, both over [rows x vocabulary]:
 //   score tile      [tile_rows x tile_cols] f32: one GEMM writes the raw
-//                   logits, one kernel reads them, overlapping the next
-//                   tile's GEMM (two buffers, pipeline.h; 2 x 64 MiB by
-//                   default).
+//                   logits, one kernel reads them (64 MiB by default).
 //   gradient block  [block_rows x block_cols] of G (dlogits) in the
 //                   gradient GEMMs' dtype, assembled from score tiles, then
 //                   fed to grad_x += G W_block and grad_W_block (+)= G^T X.
@@ -49,7 +47,7 @@ struct Workspace {
   float* class_w = nullptr;       // [V]
   float* bias = nullptr;          // [V]
   TileState* states = nullptr;    // [state_rows, tiles]
-  float* scores = nullptr;        // [2, tile_rows, tile_cols]: two score tiles
+  float* scores = nullptr;        // [tile_rows, tile_cols]
   void* g = nullptr;              // [block_rows, block_cols] in grad_gemm
   float* grad_x_acc = nullptr;    // [N, H]
   float* grad_w_acc = nullptr;    // [block_cols, H]
