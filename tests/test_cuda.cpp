@@ -17,6 +17,7 @@
 #include "cuda/device_copy.h"
 #include "flce/flce.h"
 #include "support/agreement.h"
+#include "support/shared_cases.h"
 #include "support/npy_files.h"
 
 namespace flce_test {
@@ -134,18 +135,7 @@ TEST(CudaBasics, ForcedOnHostTensorsIsAnErrorThatSaysSo) {
 // ---- Agreement with the oracle -------------------------------------------------
 
 TEST_F(CudaGpu, EachOptionAlone) {
-  check_all_passes(head(5, 7, 11));
-  check_all_passes(head(5, 6, 9).logit_scale(0.6));
-  check_all_passes(head(5, 6, 9).softcap(2.5).logit_magnitude(8));
-  check_all_passes(head(5, 6, 9).label_smoothing(0.2));
-  check_all_passes(head(5, 6, 9).z_loss(0.05));
-  check_all_passes(head(5, 6, 9).with_bias());
-  check_all_passes(head(5, 6, 9).with_token_weights());
-  check_all_passes(head(5, 6, 9).with_class_weights().label_smoothing(0.1));
-  check_all_passes(head(5, 6, 9).ignore_index(3).ignore_rows({0, 4}));
-  check_all_passes(head(5, 6, 9).layout(WeightLayout::hv));
-  for (Reduction r : {Reduction::none, Reduction::sum, Reduction::mean})
-    check_all_passes(head(5, 6, 9).reduction(r).with_grad_loss().with_grad_lse().with_grad_entropy());
+  for (const Case& c : each_option_alone(head)) check_all_passes(c);
 }
 
 TEST_F(CudaGpu, HeadEntrySweep) {
@@ -236,18 +226,11 @@ TEST_F(CudaGpu, RowsAndVocabAroundTilesAndBlocks) {
 }
 
 TEST_F(CudaGpu, LargeLogits) {
-  for (double m : {100.0, 1000.0}) {
-    SCOPED_TRACE("|z| ~ " + std::to_string(m));
-    check_all_passes(head(9, 6, 40).with_bias().logit_magnitude(m));
-    check_all_passes(head(9, 6, 40).logit_magnitude(m).label_smoothing(0.1).with_grad_entropy());
-    check_all_passes(head(9, 6, 40).logit_magnitude(m).softcap(30));
-    check_all_passes(logits(9, 40).logit_magnitude(m).with_grad_lse());
-  }
+  for (const Case& c : large_logit_cases(head, logits, 9, 40)) check_all_passes(c);
 }
 
 TEST_F(CudaGpu, AllRowsIgnored) {
-  check_all_passes(head(4, 5, 9).ignore_rows({0, 1, 2, 3}));
-  check_all_passes(head(4, 5, 9).ignore_rows({0, 1, 2, 3}).with_grad_lse().with_grad_entropy());
+  for (const Case& c : all_rows_ignored(head)) check_all_passes(c);
 }
 
 TEST_F(CudaGpu, NaNAndInfRows) {
