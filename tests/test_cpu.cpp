@@ -35,21 +35,9 @@ flce::RunConfig cpu(int threads = 0, std::string gemm = "") {
   return config;
 }
 
-// float32 accumulation and logits; outputs as stored; dlogits cast to the
-// storage dtype when grad_logits_dtype = storage.
-Precision cpu_precision(const DenseProblem& d, const Storage& st) {
-  Precision p;
-  p.u_accum = 0x1p-24;
-  p.u_store = 0x1p-24;
-  p.u_out = unit_roundoff(st.outputs);
-  const bool cast = d.options.grad_logits_dtype == GradLogitsDtype::storage;
-  p.u_grad = cast && st.inputs != Dtype::f32 ? unit_roundoff(st.inputs) : 0.0;
-  return p;
-}
-
 void check(const DenseProblem& d, const Storage& st, Pass pass = Pass::loss_and_grad,
            const flce::RunConfig& config = cpu(), bool in_place = false) {
-  expect_agreement(d, st, pass, config, cpu_precision(d, st), in_place);
+  expect_agreement(d, st, pass, config, float32_precision(d, st), in_place);
 }
 
 void check_all_passes(const Case& c, const flce::RunConfig& config = cpu()) {

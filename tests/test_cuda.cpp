@@ -79,19 +79,9 @@ Case logits(int64_t n, int64_t v, uint64_t seed = 1) {
   return c;
 }
 
-Precision cuda_precision(const DenseProblem& d, const Storage& st) {
-  Precision p;
-  p.u_accum = 0x1p-24;
-  p.u_store = 0x1p-24;
-  p.u_out = unit_roundoff(st.outputs);
-  const bool cast = d.options.grad_logits_dtype == GradLogitsDtype::storage;
-  p.u_grad = cast && st.inputs != Dtype::f32 ? unit_roundoff(st.inputs) : 0.0;
-  return p;
-}
-
 void check(const DenseProblem& d, const Storage& st, Pass pass = Pass::loss_and_grad,
            bool in_place = false) {
-  expect_agreement(d, st, pass, cuda(), cuda_precision(d, st), in_place);
+  expect_agreement(d, st, pass, cuda(), float32_precision(d, st), in_place);
 }
 
 void check_all_passes(const Case& c) {

@@ -61,4 +61,14 @@ void expect_identical_outputs(const Outputs& a, const Outputs& b) {
   EXPECT_TRUE(identical("grad_logits", a.grad_logits, b.grad_logits));
 }
 
+Precision float32_precision(const DenseProblem& d, const Storage& st) {
+  Precision p;
+  p.u_accum = 0x1p-24;
+  p.u_store = 0x1p-24;
+  p.u_out = unit_roundoff(st.outputs);
+  const bool cast = d.options.grad_logits_dtype == flce::GradLogitsDtype::storage;
+  p.u_grad = cast && st.inputs != flce::Dtype::f32 ? unit_roundoff(st.inputs) : 0.0;
+  return p;
+}
+
 }  // namespace flce_test

@@ -18,6 +18,11 @@ namespace flce_test {
 void expect_agreement(const DenseProblem& d, const Storage& st, flce::Pass pass,
                       const flce::RunConfig& config, Precision precision, bool in_place = false);
 
+// The policy for a float32 backend (cpu, cuda): f32 accumulation and logits,
+// outputs rounded to their storage, dlogits cast to the storage dtype when
+// grad_logits_dtype = storage.
+Precision float32_precision(const DenseProblem& d, const Storage& st);
+
 // Every output of a and b bit for bit (NaN equals NaN).
 void expect_identical_outputs(const Outputs& a, const Outputs& b);
 
