@@ -35,7 +35,7 @@ Status run_pass(const Problem& problem, Pass pass, const RunConfig& config) {
                    ": the " + status.backend + " backend needs " + std::to_string(need);
     return status;
   }
-  status.error = backend->run(problem, pass, config, workspace);
+  status.error = backend->run(problem, pass, config, workspace, &status.stats);
   return status;
 }
 

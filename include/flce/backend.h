@@ -39,9 +39,10 @@ class Backend {
   // and run() gets a null workspace in that case.
   virtual Device workspace_device() const { return Device::cpu; }
   // `workspace` holds at least workspace_bytes() bytes (or is null, see
-  // workspace_device()). Returns an error message, or "" on success.
-  virtual std::string run(const Problem& problem, Pass pass,
-                          const RunConfig& config, void* workspace) const = 0;
+  // workspace_device()). `stats` starts zeroed; a backend fills what it
+  // measures. Returns an error message, or "" on success.
+  virtual std::string run(const Problem& problem, Pass pass, const RunConfig& config,
+                          void* workspace, RunStats* stats) const = 0;
 };
 
 }  // namespace flce

@@ -94,11 +94,22 @@ struct RunConfig {
   size_t workspace_bytes = 0;
 };
 
+// What a backend reports about the work of one call (zeros where a backend
+// does not do that work).
+struct RunStats {
+  // Gradient filtering (Options::filter_eps): the [row block x vocab tile]
+  // blocks of dlogits the call formed, and how many of them it left out of
+  // the grad_x and grad_W GEMMs.
+  int64_t grad_blocks = 0;
+  int64_t grad_blocks_skipped = 0;
+};
+
 // The outcome of a call: ok() or an error message that names the argument
 // and the offending value; `backend` says which backend ran (or was chosen).
 struct Status {
   std::string error;
   std::string backend;
+  RunStats stats;
   bool ok() const { return error.empty(); }
 };
 

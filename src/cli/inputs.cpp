@@ -130,7 +130,9 @@ Status call_on_host_arrays(const Problem& host, Pass pass, const RunConfig& conf
       case Pass::backward: return backward(p, config);
       case Pass::loss_and_grad: return loss_and_grad(p, config);
     }
-    return Status{"unknown pass", ""};
+    Status unknown;
+    unknown.error = "unknown pass";
+    return unknown;
   };
   if (!wants_device(config)) return call(host);
   cuda::DeviceProblem device;

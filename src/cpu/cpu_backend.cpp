@@ -97,8 +97,8 @@ class CpuBackend final : public Backend {
     return cpu::workspace_bytes(cpu::make_plan(p, pass, config), p);
   }
 
-  std::string run(const Problem& p, Pass pass, const RunConfig& config,
-                  void* workspace) const override {
+  std::string run(const Problem& p, Pass pass, const RunConfig& config, void* workspace,
+                  RunStats*) const override {
     const cpu::GemmEngine* engine = nullptr;
     if (auto e = cpu::pick_gemm(config, p.logits.present() ? p.logits.dtype : p.x.dtype, &engine);
         !e.empty())

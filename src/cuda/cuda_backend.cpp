@@ -226,8 +226,8 @@ class CudaBackend final : public Backend {
 
   Device workspace_device() const override { return Device::cuda; }
 
-  std::string run(const Problem& p, Pass pass, const RunConfig& config,
-                  void* workspace) const override {
+  std::string run(const Problem& p, Pass pass, const RunConfig& config, void* workspace,
+                  RunStats*) const override {
     if (!config.gemm.empty() && config.gemm != "cublas")
       return "gemm = '" + config.gemm + "': the cuda backend's GEMMs are cuBLAS ('cublas' or empty)";
     const Tensor& first = p.logits.present() ? p.logits : p.x;

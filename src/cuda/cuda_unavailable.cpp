@@ -18,7 +18,7 @@ class CudaUnavailable final : public Backend {
   }
   size_t workspace_bytes(const Problem&, Pass, const RunConfig&) const override { return 0; }
   Device workspace_device() const override { return Device::cuda; }
-  std::string run(const Problem&, Pass, const RunConfig&, void*) const override { return kWhy; }
+  std::string run(const Problem&, Pass, const RunConfig&, void*, RunStats*) const override { return kWhy; }
 };
 
 }  // namespace

@@ -306,8 +306,8 @@ class ReferenceBackend final : public Backend {
   size_t workspace_bytes(const Problem& p, Pass pass, const RunConfig& config) const override {
     return size_t(layout_of(p, pass, config).total()) * sizeof(double);
   }
-  std::string run(const Problem& p, Pass pass, const RunConfig& config,
-                  void* workspace) const override {
+  std::string run(const Problem& p, Pass pass, const RunConfig& config, void* workspace,
+                  RunStats*) const override {
     const Layout layout = layout_of(p, pass, config);
     const Scratch s = carve(layout, workspace);
     std::fill_n(s.grad_w_acc, layout.grad_w_acc, 0.0);
