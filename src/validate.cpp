@@ -148,6 +148,10 @@ std::string check_options(const Options& o) {
       o.grad_logits_dtype != GradLogitsDtype::storage)
     return format("grad_logits_dtype: value %d is neither f32 nor storage",
                   int(o.grad_logits_dtype));
+  if (!(o.filter_eps == kFilterEpsAuto || (std::isfinite(o.filter_eps) && o.filter_eps >= 0)))
+    return format("filter_eps = %g: must be finite and >= 0 (0 turns filtering off), or "
+                  "kFilterEpsAuto (-1) for the storage dtype's epsilon / 32",
+                  o.filter_eps);
   return "";
 }
 

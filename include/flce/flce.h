@@ -26,6 +26,10 @@ enum class WeightLayout : int { vh, hv };
 // precise; what GPU kernels do). The reference backend always uses float64.
 enum class GradLogitsDtype : int { f32, storage };
 
+// Options::filter_eps value meaning "the storage dtype's machine epsilon / 32"
+// (2^-12 for bf16, 2^-15 for f16, 2^-28 for f32), as Cut Cross-Entropy sets it.
+constexpr double kFilterEpsAuto = -1.0;
+
 // The scalar options of the loss (README, "Semantics").
 struct Options {
   double logit_scale = 1.0;      // a > 0:  z = a * (x . W_j + b_j)
@@ -35,6 +39,11 @@ struct Options {
   double z_loss = 0.0;           // l >= 0: adds l * lse^2 per row
   Reduction reduction = Reduction::mean;
   GradLogitsDtype grad_logits_dtype = GradLogitsDtype::f32;
+  // Gradient filtering, opt-in (README, "Gradient filtering"): a backend may
+  // leave a [row block x vocab tile] block of dlogits out of the grad_x and
+  // grad_W GEMMs when every entry has |G_ij| <= filter_eps * kappa_i. 0 = off
+  // (exact); kFilterEpsAuto = the storage dtype's epsilon / 32.
+  double filter_eps = 0.0;
 };
 
 // Everything a backend reads. Shapes use N rows (tokens), H hidden units and

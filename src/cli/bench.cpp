@@ -6,7 +6,6 @@
 #include "cli/bench.h"
 
 #include <omp.h>
-#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -35,6 +34,8 @@ const std::vector<Flag>& bench_flags() {
       {"pass", "fwd|bwd|step", "forward, backward from a saved lse, or loss_and_grad (default step)"},
       {"softcap", "K", "softcap (default 0)"},
       {"grad-logits", "f32|storage", "dtype of dlogits before the gradient GEMMs (default f32)"},
+      {"filter-eps", "E|auto", "gradient filtering: E >= 0, or auto = storage epsilon / 32 (default 0, off)"},
+      {"data", "gaussian|peaky", "generated data: gaussian, or a trained-LM-like Zipf head (default gaussian)"},
       {"threads", "T", "threads (default: all)"},
       {"reps", "R", "timed repetitions after one warm-up (default 5)"},
       {"backend", "NAME", "force a backend (default: the first that accepts)"},
@@ -48,19 +49,16 @@ double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-long peak_rss_bytes() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  return usage.ru_maxrss * 1024L;
-}
-
 struct Timing {
   double median = 0, min = 0;
 };
 
-template <typename F>
-Timing time_reps(int reps, F&& f) {
-  f();  // warm-up: first-touch of buffers, GEMM primitive creation
+// Median and minimum of `reps` timed calls after one warm-up (first touch of
+// buffers, GEMM primitive creation); `after_warmup` runs between them.
+template <typename F, typename G = void (*)()>
+Timing time_reps(int reps, F&& f, G&& after_warmup = [] {}) {
+  f();
+  after_warmup();
   std::vector<double> t;
   for (int r = 0; r < reps; ++r) {
     const double t0 = now();
@@ -76,6 +74,7 @@ struct Setup {
   Dtype dtype = Dtype::f32;
   int pass = 2;  // fwd, bwd, step
   int threads = 0, reps = 5;
+  int data = 0;  // BenchData
   Options options;
   RunConfig config;
 };
@@ -95,6 +94,8 @@ Setup read_setup(const Args& args) {
   check(args.get_double("softcap", &s.options.softcap));
   check(args.get_choice("grad-logits", {"f32", "storage"}, &grad_logits));
   s.options.grad_logits_dtype = GradLogitsDtype(grad_logits);
+  check(get_filter_eps(args, &s.options.filter_eps));
+  check(args.get_choice("data", {"gaussian", "peaky"}, &s.data));
   int64_t threads = 0, reps = 5;
   check(args.get_int("threads", &threads));
   check(args.get_int("reps", &reps));
@@ -114,21 +115,30 @@ Status call(const Problem& p, Pass pass, const RunConfig& config) {
 }
 
 void print_result(const Setup& s, const Timing& t, double gemm_seconds, long peak_extra,
-                  size_t workspace, const std::string& backend, const char* gemm, const char* isa) {
+                  size_t workspace, const Status& st, const char* gemm, const char* isa) {
   const double gemms = s.pass == 0 ? 1 : 3;
   const double flops = 2.0 * double(s.n) * double(s.h) * double(s.v) * gemms;
+  const RunStats& r = st.stats;
+  char filter[48];
+  std::snprintf(filter, sizeof filter, s.options.filter_eps == kFilterEpsAuto ? "\"auto\"" : "%g",
+                s.options.filter_eps);
   std::printf(
       "{\"n\": %lld, \"h\": %lld, \"v\": %lld, \"dtype\": \"%s\", \"pass\": \"%s\", "
-      "\"softcap\": %g, \"grad_logits\": \"%s\", \"seconds\": %.6g, \"min_seconds\": %.6g, "
+      "\"softcap\": %g, \"grad_logits\": \"%s\", \"data\": \"%s\", \"filter_eps\": %s, "
+      "\"seconds\": %.6g, \"min_seconds\": %.6g, "
       "\"tokens_per_s\": %.6g, \"gflops\": %.6g, \"gemm_seconds\": %.6g, \"ratio_to_gemm\": %.4g, "
-      "\"peak_extra_bytes\": %ld, \"workspace_bytes\": %zu, \"backend\": \"%s\", \"gemm\": \"%s\", "
-      "\"isa\": \"%s\", \"threads\": %d}\n",
+      "\"peak_extra_bytes\": %ld, \"workspace_bytes\": %zu, \"grad_blocks\": %lld, "
+      "\"grad_blocks_skipped\": %lld, \"skipped_fraction\": %.4g, \"backend\": \"%s\", "
+      "\"gemm\": \"%s\", \"isa\": \"%s\", \"threads\": %d}\n",
       (long long)s.n, (long long)s.h, (long long)s.v, dtype_name(s.dtype),
       s.pass == 0 ? "fwd" : s.pass == 1 ? "bwd" : "step", s.options.softcap,
-      s.options.grad_logits_dtype == GradLogitsDtype::f32 ? "f32" : "storage", t.median, t.min,
+      s.options.grad_logits_dtype == GradLogitsDtype::f32 ? "f32" : "storage",
+      s.data == 0 ? "gaussian" : "peaky", filter, t.median, t.min,
       double(s.n) / t.median, flops / t.median * 1e-9, gemm_seconds * gemms,
       gemm_seconds > 0 ? t.median / (gemm_seconds * gemms) : 0.0, peak_extra, workspace,
-      backend.c_str(), gemm, isa, s.threads);
+      (long long)r.grad_blocks, (long long)r.grad_blocks_skipped,
+      r.grad_blocks > 0 ? double(r.grad_blocks_skipped) / double(r.grad_blocks) : 0.0,
+      st.backend.c_str(), gemm, isa, s.threads);
 }
 
 // --backend cuda: the problem copied to GPU 0 once, each call timed to a
@@ -152,14 +162,14 @@ int run_bench_on_device(const Setup& s, Pass pass, BenchProblem& bp) {
   });
   double gemm = 0;
   check(cuda::time_logits_gemm(p, s.reps, &gemm));
-  print_result(s, t, gemm, long(workspace), workspace, st.backend, "cublas", "cuda");
+  print_result(s, t, gemm, long(workspace), workspace, st, "cublas", "cuda");
   return 0;
 }
 
 int run_bench(const Args& args) {
   const Setup s = read_setup(args);
   const Pass pass = s.pass == 0 ? Pass::forward : s.pass == 1 ? Pass::backward : Pass::loss_and_grad;
-  BenchProblem bp(s.n, s.h, s.v, s.dtype, s.options);
+  BenchProblem bp(s.n, s.h, s.v, s.dtype, s.options, BenchData(s.data));
   if (wants_device(s.config)) return run_bench_on_device(s, pass, bp);
   Problem p = bp.problem(pass);
   if (pass == Pass::backward) {  // backward reads the lse a forward wrote
@@ -169,18 +179,21 @@ int run_bench(const Args& args) {
   size_t workspace = 0;
   Status st = workspace_size(p, pass, s.config, &workspace);
   if (!st.ok()) throw Failure{st.error};
-  const long rss_before = peak_rss_bytes();
-  const Timing t = time_reps(s.reps, [&] {
-    st = call(p, pass, s.config);
-    if (!st.ok()) throw Failure{st.error};
-  });
-  const long peak_extra = std::max(0L, peak_rss_bytes() - rss_before);
+  PeakMemory peak;
+  const Timing t = time_reps(
+      s.reps,
+      [&] {
+        st = call(p, pass, s.config);
+        if (!st.ok()) throw Failure{st.error};
+      },
+      [&] { peak.reset(); });
+  const long peak_extra = peak.extra_bytes();
 
   const cpu::GemmEngine* engine = bench_engine(s.dtype, s.config.gemm);
   const bool native = engine->supports(s.dtype);
   const Timing g = native ? time_reps(s.reps, [&] { logits_gemm_seconds(*engine, bp, s.threads); })
                           : Timing{};
-  print_result(s, t, native ? g.median : 0.0, peak_extra, workspace, st.backend, engine->name(),
+  print_result(s, t, native ? g.median : 0.0, peak_extra, workspace, st, engine->name(),
                simd::best_kernels().isa);
   return 0;
 }

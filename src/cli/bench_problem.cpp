@@ -2,32 +2,72 @@
 
 #include <omp.h>
 
+#include <sys/resource.h>
+
 #include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <string>
 #include <chrono>
 #include <cmath>
 #include <random>
+#include <vector>
 
 #include "common/float16.h"
 
 namespace flce::cli {
 
-BenchProblem::BenchProblem(int64_t n_, int64_t h_, int64_t v_, Dtype dtype_, Options options)
+namespace {
+
+// Index j in [0, v) drawn with probability proportional to (j + 1)^-2.
+class ZipfSampler {
+ public:
+  explicit ZipfSampler(int64_t v) : cdf_(size_t(v)) {
+    double total = 0;
+    for (int64_t j = 0; j < v; ++j) cdf_[size_t(j)] = total += 1.0 / double((j + 1) * (j + 1));
+    for (double& c : cdf_) c /= total;
+  }
+  int64_t operator()(std::mt19937_64& rng) {
+    const double u = std::uniform_real_distribution<double>(0, 1)(rng);
+    const auto it = std::lower_bound(cdf_.begin(), cdf_.end(), u);
+    return std::min<int64_t>(it - cdf_.begin(), int64_t(cdf_.size()) - 1);
+  }
+
+ private:
+  std::vector<double> cdf_;
+};
+
+}  // namespace
+
+BenchProblem::BenchProblem(int64_t n_, int64_t h_, int64_t v_, Dtype dtype_, Options options,
+                           BenchData data)
     : n(n_), h(h_), v(v_), dtype(dtype_), options_(options) {
   std::mt19937_64 rng(1);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  const float w_scale = 2.0f / std::sqrt(float(h));
   x32_.resize(size_t(n * h));
   w32_.resize(size_t(v * h));
-  for (float& e : x32_) e = normal(rng);
-  for (float& e : w32_) e = w_scale * normal(rng);
+  labels_.resize(size_t(n));
+  if (data == BenchData::gaussian) {
+    const float w_scale = 2.0f / std::sqrt(float(h));
+    for (float& e : x32_) e = normal(rng);
+    for (float& e : w32_) e = w_scale * normal(rng);
+    for (int64_t& y : labels_) y = int64_t(rng() % uint64_t(v));
+  } else {  // peaky (see the header)
+    const float w_scale = h > 1 ? 1.0f / std::sqrt(float(h - 1)) : 0.0f;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t k = 0; k < h; ++k) x32_[size_t(i * h + k)] = k == 0 ? 1.0f : normal(rng);
+    for (int64_t j = 0; j < v; ++j)
+      for (int64_t k = 0; k < h; ++k)
+        w32_[size_t(j * h + k)] = k == 0 ? float(-2 * std::log(double(j + 1))) : w_scale * normal(rng);
+    ZipfSampler zipf(v);
+    for (int64_t& y : labels_) y = zipf(rng);
+  }
   if (dtype == Dtype::bf16) {
     for (float e : x32_) x16_.push_back(f32_to_bf16(e));
     for (float e : w32_) w16_.push_back(f32_to_bf16(e));
     std::vector<float>().swap(x32_);
     std::vector<float>().swap(w32_);
   }
-  labels_.resize(size_t(n));
-  for (int64_t& y : labels_) y = int64_t(rng() % uint64_t(v));
   lse_.resize(size_t(n));
   grad_x_.resize(size_t(n * h) * dtype_size(dtype));
   grad_w_.resize(size_t(v * h) * dtype_size(dtype));
@@ -71,6 +111,39 @@ double logits_gemm_seconds(const cpu::GemmEngine& engine, const BenchProblem& p,
     engine.run(g);
   }
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+namespace {
+
+long status_bytes(const char* field) {  // a "VmXXX:  123 kB" line of /proc/self/status
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  const size_t len = std::strlen(field);
+  while (std::getline(f, line))
+    if (line.compare(0, len, field) == 0 && line.size() > len && line[len] == ':')
+      return std::stol(line.substr(len + 1)) * 1024;
+  return -1;
+}
+
+long lifetime_peak_bytes() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_maxrss * 1024L;
+}
+
+}  // namespace
+
+void PeakMemory::reset() {
+  std::ofstream clear("/proc/self/clear_refs");
+  clear << "5";  // 5: reset the peak resident size to the current one
+  clear.flush();
+  hwm_ = clear.good() && status_bytes("VmRSS") >= 0;
+  base_ = hwm_ ? status_bytes("VmRSS") : lifetime_peak_bytes();
+}
+
+long PeakMemory::extra_bytes() const {
+  const long peak = hwm_ ? status_bytes("VmHWM") : lifetime_peak_bytes();
+  return std::max(0L, peak - base_);
 }
 
 const cpu::GemmEngine* bench_engine(Dtype dtype, const std::string& name) {

@@ -1,7 +1,17 @@
-// A generated problem for timing (x ~ N(0,1), W ~ N(0, 4/H), uniform labels),
-// its flce::Problem for each pass, and the logits GEMM of the same shape
-// timed the way the cpu backend runs GEMMs. Shared by `flce bench` and the
-// Google Benchmark binary in bench/.
+// A generated problem for timing, its flce::Problem for each pass, and the
+// logits GEMM of the same shape timed the way the cpu backend runs GEMMs.
+// Shared by `flce bench` and the Google Benchmark binary in bench/.
+//
+// Two kinds of data:
+// - gaussian: x ~ N(0, 1), W ~ N(0, 4/H), uniform labels. Every class gets
+//   some probability: what a head looks like before training.
+// - peaky: a head shaped like a trained LM's. Token ids are in frequency
+//   order (as BPE vocabularies roughly are) and the logits are a Zipf prior
+//   plus context: x_i0 = 1 and W_j0 = -2 ln(j + 1) give p_j ~ (j + 1)^-2, the
+//   other H - 1 coordinates are N(0, 1) in x and N(0, 1/(H - 1)) in W (a
+//   per-row, per-class logit noise of standard deviation 1), and labels
+//   are drawn from the Zipf(2) prior. Most of the probability sits in the
+//   first few hundred classes, so the gradient filter skips most blocks.
 #pragma once
 
 #include <cstdint>
@@ -12,9 +22,12 @@
 
 namespace flce::cli {
 
+enum class BenchData { gaussian, peaky };
+
 class BenchProblem {
  public:
-  BenchProblem(int64_t n, int64_t h, int64_t v, Dtype dtype, Options options);
+  BenchProblem(int64_t n, int64_t h, int64_t v, Dtype dtype, Options options,
+               BenchData data = BenchData::gaussian);
 
   // The problem of `pass`: loss and lse for forward, gradients (in the
   // storage dtype, as a training step keeps them) for backward and step.
@@ -40,6 +53,22 @@ class BenchProblem {
 // in vocab blocks of 2048 over `threads` OpenMP threads, one single-threaded
 // engine call per block: the fastest way the cpu backend could run it.
 double logits_gemm_seconds(const cpu::GemmEngine& engine, const BenchProblem& p, int threads);
+
+// Peak resident memory over a stretch of code, from Linux's VmHWM after
+// resetting it (/proc/self/clear_refs). Memory first touched before reset()
+// (inputs, outputs, gradients, all touched by a warm-up call) is not
+// counted; what a call allocates and touches is, scratch of the GEMM
+// libraries included. Falls back to getrusage's lifetime peak, which can
+// only under-report, where clear_refs is not writable.
+class PeakMemory {
+ public:
+  void reset();
+  long extra_bytes() const;  // peak since reset() minus the resident size at reset()
+
+ private:
+  long base_ = 0;
+  bool hwm_ = false;
+};
 
 // The engine the cpu backend picks for this dtype, or the named one.
 const cpu::GemmEngine* bench_engine(Dtype dtype, const std::string& name);

@@ -1,5 +1,6 @@
 #include "cli/inputs.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <utility>
 
@@ -18,7 +19,7 @@ const char* flag_of(const std::string& api_name) {
       {"label_smoothing", "label-smoothing"}, {"z_loss", "z-loss"},
       {"grad_loss", "grad-loss"}, {"grad_lse", "grad-lse"}, {"grad_entropy", "grad-entropy"},
       {"backend", "backend"}, {"threads", "threads"}, {"gemm", "gemm"},
-      {"grad_logits_dtype", "grad-logits"}};
+      {"grad_logits_dtype", "grad-logits"}, {"filter_eps", "filter-eps"}};
   for (auto [api, flag] : table)
     if (api_name == api) return flag;
   return nullptr;
@@ -45,6 +46,21 @@ std::string explain_api_error(const std::string& error, const Args& args) {
   }
   where += ": ";
   return where + error;
+}
+
+std::string get_filter_eps(const Args& args, double* out) {
+  if (!args.has("filter-eps")) return "";
+  if (args.get("filter-eps") == "auto") {
+    *out = kFilterEpsAuto;
+    return "";
+  }
+  double eps = 0;
+  if (auto e = args.get_double("filter-eps", &eps); !e.empty()) return e + " (or auto)";
+  if (!(eps >= 0) || !std::isfinite(eps))
+    return "--filter-eps: '" + args.get("filter-eps") +
+           "' must be a finite number >= 0 (0 turns filtering off) or auto";
+  *out = eps;
+  return "";
 }
 
 Dtype storage_dtype(int index) {

@@ -28,6 +28,11 @@ bool wants_device(const RunConfig& config);
 // arrays are copied to GPU 0, and the outputs copied back, around the call.
 Status call_on_host_arrays(const Problem& host, Pass pass, const RunConfig& config);
 
+// --filter-eps E|auto into *out (kFilterEpsAuto for auto); leaves *out
+// unchanged when absent. Negative numbers are errors here, since -1 is the
+// API's auto.
+std::string get_filter_eps(const Args& args, double* out);
+
 // The storage dtypes of --dtype, by index (f32, bf16, f16); -1 = as stored.
 Dtype storage_dtype(int index);
 

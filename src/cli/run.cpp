@@ -42,6 +42,7 @@ const std::vector<Flag>& run_flags() {
       {"grad-lse", "G.npy", "cotangent of lse [N]"},
       {"grad-entropy", "G.npy", "cotangent of the entropy [N]"},
       {"grad-logits", "f32|storage", "dtype of dlogits before the gradient GEMMs (cpu; default f32)"},
+      {"filter-eps", "E|auto", "gradient filtering (cpu, with --grad): skip dlogits blocks with all |G| <= E kappa_i; auto = storage epsilon / 32 (default 0, off)"},
       {"backend", "NAME", "force a backend (see `flce backends`)"},
       {"gemm", "NAME", "force the cpu backend's GEMM engine: openblas|onednn|eigen"},
       {"threads", "T", "CPU threads, >= 1 (default: all)"},
@@ -73,6 +74,7 @@ Options read_options(const Args& args) {
   int grad_logits = int(GradLogitsDtype::f32);
   check(args.get_choice("grad-logits", {"f32", "storage"}, &grad_logits));
   o.grad_logits_dtype = GradLogitsDtype(grad_logits);
+  check(get_filter_eps(args, &o.filter_eps));
   return o;
 }
 

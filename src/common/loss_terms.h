@@ -35,6 +35,18 @@ inline double loss_cotangent(const Problem& p, double denom, int64_t i) {
   return 0.0;
 }
 
+// The gradient filter's eps for a storage dtype: filter_eps, or for
+// kFilterEpsAuto the dtype's machine epsilon (2u) / 32.
+inline double filter_eps_for(const Options& o, Dtype storage) {
+  if (o.filter_eps != kFilterEpsAuto) return o.filter_eps;
+  switch (storage) {
+    case Dtype::bf16: return 0x1p-7 / 32;
+    case Dtype::f16: return 0x1p-10 / 32;
+    case Dtype::f64: return 0x1p-52 / 32;
+    default: return 0x1p-23 / 32;
+  }
+}
+
 // sum_i loss_i in row order, divided by D for the mean (0 when D = 0).
 inline double reduce_loss(const Problem& p, const double* row_loss, int64_t n, double denom) {
   double total = 0;

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "common/loss_terms.h"
 #include "common/tensor_access.h"
@@ -24,8 +25,21 @@ using cpu::Workspace;
 
 std::string dtype_str(Dtype d) { return dtype_name(d); }
 
+// sum_j c_j W_j in double, for the filter's rank-one smoothing term of grad_x.
+void uniform_weight_sum(const Problem& p, const Plan& plan, const Workspace& ws) {
+  const int64_t H = plan.d.h;
+  const Tensor w = w_as_vh(p.w, p.w_layout);
+  std::vector<double> row(static_cast<size_t>(H));
+  std::fill_n(ws.uniform_w, H, 0.0);
+  for (int64_t j = 0; j < plan.d.v; ++j) {
+    load_row(w, j, row.data());
+    const double c_j = ws.class_w ? ws.class_w[j] : 1.0;
+    for (int64_t h = 0; h < H; ++h) ws.uniform_w[h] += c_j * row[h];
+  }
+}
+
 // Copies of the class weights and bias in f32, C and D (README, Semantics).
-cpu::Context prepare(const Problem& p, const Plan& plan, const Workspace& ws) {
+cpu::Context prepare(const Problem& p, const Plan& plan, const Workspace& ws, RunStats* stats) {
   const int64_t V = plan.d.v;
   double class_sum = 0;
   for (int64_t j = 0; j < V; ++j) {
@@ -42,7 +56,29 @@ cpu::Context prepare(const Problem& p, const Plan& plan, const Workspace& ws) {
       std::memset(static_cast<float*>(g.data) + r * g.stride[0], 0, size_t(g.shape[1]) * 4);
   }
   if (ws.grad_b_acc) std::fill_n(ws.grad_b_acc, V, 0.0);
-  return {p, plan, ws, class_sum, denom};
+  if (ws.uniform_x) std::fill_n(ws.uniform_x, plan.d.h + 1, 0.0);
+  if (ws.uniform_w) uniform_weight_sum(p, plan, ws);
+  return {p, plan, ws, class_sum, denom, stats};
+}
+
+// The filter's rank-one smoothing term for the weights: grad_W_j += c_j
+// sum_i u_i x_i and grad_b_j += c_j sum_i u_i (grad_x got u_i sum_j c_j W_j
+// row by row).
+void add_uniform_term(const cpu::Context& c) {
+  const Problem& p = c.p;
+  const int64_t H = c.plan.d.h, V = c.plan.d.v;
+  const double* ux = c.ws.uniform_x;
+  for (int64_t j = 0; j < V && p.grad_w.present(); ++j) {
+    const double c_j = c.ws.class_w ? c.ws.class_w[j] : 1.0;
+    float* acc = c.ws.grad_w_acc ? c.ws.grad_w_acc + j * H : nullptr;
+    const Tensor g = w_as_vh(p.grad_w, p.w_layout);  // f32, accumulated in place
+    for (int64_t h = 0; h < H; ++h) {
+      float& v = acc ? acc[h] : static_cast<float*>(g.data)[j * g.stride[0] + h * g.stride[1]];
+      v = float(v + c_j * ux[h]);
+    }
+  }
+  if (c.ws.grad_b_acc)
+    for (int64_t j = 0; j < V; ++j) c.ws.grad_b_acc[j] += (c.ws.class_w ? c.ws.class_w[j] : 1.0) * ux[H];
 }
 
 // The reduced loss (rows summed in order, in double) and the accumulated
@@ -53,6 +89,7 @@ void finish(const cpu::Context& c) {
   if (plan.pass != Pass::backward && p.options.reduction != Reduction::none) {
     store(p.loss, 0, reduce_loss(p, c.ws.row_loss, plan.d.n, c.denom));
   }
+  if (plan.filter_uniform) add_uniform_term(c);
   if (c.ws.grad_w_acc) {
     const Tensor g = w_as_vh(p.grad_w, p.w_layout);
     for (int64_t j = 0; j < plan.d.v; ++j)
@@ -98,14 +135,14 @@ class CpuBackend final : public Backend {
   }
 
   std::string run(const Problem& p, Pass pass, const RunConfig& config, void* workspace,
-                  RunStats*) const override {
+                  RunStats* stats) const override {
     const cpu::GemmEngine* engine = nullptr;
     if (auto e = cpu::pick_gemm(config, p.logits.present() ? p.logits.dtype : p.x.dtype, &engine);
         !e.empty())
       return e;
     const Plan plan = cpu::make_plan(p, pass, config);
     const Workspace ws = cpu::carve_workspace(plan, p, workspace);
-    const cpu::Context c = prepare(p, plan, ws);
+    const cpu::Context c = prepare(p, plan, ws, stats);
     for (int64_t i0 = 0; i0 < plan.d.n; i0 += plan.row_block) {
       const int64_t rows = std::min(plan.row_block, plan.d.n - i0);
       cpu::scores_and_states(c, i0, rows);

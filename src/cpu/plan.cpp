@@ -1,5 +1,7 @@
 #include "cpu/plan.h"
 
+#include "common/loss_terms.h"
+
 #include <omp.h>
 
 #include <algorithm>
@@ -39,6 +41,12 @@ Plan make_plan(const Problem& p, Pass pass, const RunConfig& config) {
   plan.round_grad_logits = storage_grads && plan.storage != Dtype::f32;
   plan.grad_w_in_place = p.grad_w.present() && p.grad_w.dtype == Dtype::f32 && p.grad_w.stride[1] == 1;
 
+  const bool grads = pass != Pass::forward && (p.grad_x.present() || p.grad_w.present());
+  plan.filter_eps = filter_eps_for(p.options, plan.storage);
+  plan.filter = grads && !plan.d.logits_entry && plan.filter_eps > 0 &&
+                !(p.options.softcap > 0 && p.options.label_smoothing > 0);
+  plan.filter_uniform = plan.filter && p.options.label_smoothing > 0;
+
   const int64_t V = plan.d.v;
   const int64_t bytes_per_score = plan.grad_gemm == Dtype::bf16 ? 6 : 4;
   const int64_t fit = kScoreBudgetBytes / (V * bytes_per_score);
@@ -53,8 +61,9 @@ Plan make_plan(const Problem& p, Pass pass, const RunConfig& config) {
 namespace {
 
 // Sizes in bytes of each workspace piece, in carve order.
+constexpr int kPieces = 16;
 struct Sizes {
-  size_t bytes[13] = {};
+  size_t bytes[kPieces] = {};
 };
 
 Sizes sizes_of(const Plan& plan, const Problem& p) {
@@ -75,6 +84,9 @@ Sizes sizes_of(const Plan& plan, const Problem& p) {
   s.bytes[10] = grads && p.grad_bias.present() ? size_t(V) * sizeof(double) : 0;
   s.bytes[11] = p.class_weights.present() ? size_t(V) * 4 : 0;
   s.bytes[12] = p.bias.present() ? size_t(V) * 4 : 0;
+  s.bytes[13] = plan.filter ? size_t(plan.tiles) : 0;
+  s.bytes[14] = plan.filter_uniform && p.grad_x.present() ? size_t(H) * sizeof(double) : 0;
+  s.bytes[15] = plan.filter_uniform ? size_t(H + 1) * sizeof(double) : 0;
   return s;
 }
 
@@ -92,8 +104,8 @@ Workspace carve_workspace(const Plan& plan, const Problem& p, void* base) {
   const Sizes s = sizes_of(plan, p);
   auto at = reinterpret_cast<uintptr_t>(base);
   at = (at + 63) / 64 * 64;
-  void* piece[13];
-  for (int k = 0; k < 13; ++k) {
+  void* piece[kPieces];
+  for (int k = 0; k < kPieces; ++k) {
     piece[k] = s.bytes[k] ? reinterpret_cast<void*>(at) : nullptr;
     at += aligned(s.bytes[k]);
   }
@@ -111,6 +123,9 @@ Workspace carve_workspace(const Plan& plan, const Problem& p, void* base) {
   w.grad_b_acc = static_cast<double*>(piece[10]);
   w.class_w = static_cast<float*>(piece[11]);
   w.bias = static_cast<float*>(piece[12]);
+  w.kept = static_cast<uint8_t*>(piece[13]);
+  w.uniform_w = static_cast<double*>(piece[14]);
+  w.uniform_x = static_cast<double*>(piece[15]);
   return w;
 }
 

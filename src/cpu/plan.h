@@ -35,6 +35,15 @@ struct Plan {
   Dtype grad_gemm = Dtype::f32;    // f32 or bf16: G, X and W in the gradient GEMMs
   bool round_grad_logits = false;  // grad_logits_dtype = storage with a non-f32 storage
   bool grad_w_in_place = false;    // grad_w is f32 with unit inner stride
+  // Gradient filtering (README): on for the head entry's gradient passes
+  // when filter_eps > 0, except with a softcap and label smoothing together
+  // (there the smoothing's uniform term of G is not rank one, see below).
+  bool filter = false;
+  double filter_eps = 0;
+  // With label smoothing the filter applies to G' = G - u c^T, where
+  // u_i = -a g_i e / V is the smoothing's uniform term; u c^T is added back
+  // exactly as rank-one updates of grad_x, grad_W and grad_bias.
+  bool filter_uniform = false;
   const GemmEngine* gemm = nullptr;
   const simd::KernelSet* kernels = nullptr;
 };
@@ -50,8 +59,11 @@ std::string pick_gemm(const RunConfig& config, Dtype storage, const GemmEngine**
 struct RowInfo {
   double lse = 0, sbar = 0;  // sbar = sum_j p_ij s_ij
   double s_y = 0;            // the label's score (0 if ignored)
+  double filter_tau = 0;     // gradient filter: |G'_ij| <= filter_tau may be left out
+  double uniform = 0;        // u_i, the smoothing's uniform term, when filter_uniform
   double g_loss = 0;         // d objective / d loss_i times t_i (0 if ignored)
   double g_lse = 0, g_ent = 0;
+  double coef_p = 0, coef_c = 0;  // G's coefficients of p_ij and c_j (simd::DlogitsParams)
   int64_t y = 0;
   bool ignored = false;
 };
@@ -71,6 +83,9 @@ struct Workspace {
   double* grad_b_acc = nullptr;       // [V]
   float* class_w = nullptr;           // [V] (null: all ones)
   float* bias = nullptr;              // [V] (null: no bias)
+  uint8_t* kept = nullptr;            // [tiles]: the gradient filter's verdict for this row block
+  double* uniform_w = nullptr;        // [H]: sum_j c_j W_j, when filter_uniform and grad_x
+  double* uniform_x = nullptr;        // [H + 1]: sum_i u_i x_i, then sum_i u_i
 };
 
 size_t workspace_bytes(const Plan& plan, const Problem& p);

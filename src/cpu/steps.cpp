@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "common/loss_terms.h"
 #include "common/tensor_access.h"
@@ -105,6 +106,16 @@ double lse_of(const Merged& m) {
   return m.max + std::log(m.sum_exp);
 }
 
+// The row's filter threshold kappa_i * eps, kappa_i = a (|coef_p| + |g_ent|):
+// |G_ij| / kappa_i is p_ij - [j = y_i] for a plain cross-entropy, the
+// quantity Cut Cross-Entropy filters on. With label smoothing (and no
+// softcap, see Plan) the uniform term u_i c_j leaves G for a rank-one update.
+void set_filter_terms(const Plan& plan, const Options& o, RowInfo* info) {
+  const double a = o.logit_scale;
+  info->filter_tau = plan.filter_eps * a * (std::fabs(info->coef_p) + std::fabs(info->g_ent));
+  if (plan.filter_uniform) info->uniform = a * info->coef_c;
+}
+
 }  // namespace
 
 void merge_rows(const Context& c, int64_t i0, int64_t rows) {
@@ -130,6 +141,10 @@ void merge_rows(const Context& c, int64_t i0, int64_t rows) {
       info.g_loss = info.ignored ? 0.0 : loss_cotangent(c.p, c.denom, i) * t_i;
       info.g_lse = p.grad_lse.present() ? load(p.grad_lse, i) : 0.0;
       info.g_ent = p.grad_entropy.present() ? load(p.grad_entropy, i) : 0.0;
+      info.coef_p = info.g_loss * ((1 - e) * c_y + (e / V) * c.class_sum + 2 * o.z_loss * info.lse) +
+                    info.g_lse;
+      info.coef_c = -info.g_loss * e / V;
+      if (plan.filter) set_filter_terms(plan, o, &info);
     }
     if (plan.pass == Pass::backward) continue;
     const double logp_y = info.ignored ? 0.0 : info.s_y - info.lse;
@@ -153,13 +168,12 @@ void row_tile_grad(const Context& c, int64_t r, int64_t j0, int64_t n) {
   const Plan& plan = c.plan;
   const Options& o = c.p.options;
   const RowInfo& info = c.ws.rows[r];
-  const double e = o.label_smoothing, V = double(plan.d.v);
+  const double e = o.label_smoothing;
   const double c_y = info.ignored ? 0.0 : (c.ws.class_w ? c.ws.class_w[info.y] : 1.0);
   simd::DlogitsParams q;
   q.lse = float(info.lse);
-  q.coef_p = float(info.g_loss * ((1 - e) * c_y + (e / V) * c.class_sum + 2 * o.z_loss * info.lse) +
-                   info.g_lse);
-  q.coef_c = float(-info.g_loss * e / V);
+  q.coef_p = float(info.coef_p);
+  q.coef_c = plan.filter_uniform ? 0.0f : float(info.coef_c);  // G' = G - u c^T
   q.coef_h = float(info.g_ent);
   q.sbar = float(info.sbar);
   q.scale = float(o.logit_scale);
@@ -172,6 +186,32 @@ void row_tile_grad(const Context& c, int64_t r, int64_t j0, int64_t n) {
     s[info.y - j0] -= float(o.logit_scale * dsdz * info.g_loss * (1 - e) * c_y);
   }
   if (plan.round_grad_logits) round_to_storage(s, n, plan.storage);
+}
+
+// Whether any |g_j| exceeds tau (NaN counts as exceeding: it must reach the
+// outputs).
+bool any_above(const float* g, int64_t n, float tau) {
+  bool above = false;
+  for (int64_t j = 0; j < n; ++j) above |= !(std::fabs(g[j]) <= tau);
+  return above;
+}
+
+// The filter's block counts, and the row block's share of the smoothing's
+// rank-one term: sum_i u_i x_i (rows in order, in double) and sum_i u_i.
+void count_filtered(const Context& c, int64_t i0, int64_t rows) {
+  const Plan& plan = c.plan;
+  c.stats->grad_blocks += plan.tiles;
+  for (int64_t t = 0; t < plan.tiles; ++t) c.stats->grad_blocks_skipped += !c.ws.kept[t];
+  if (!plan.filter_uniform) return;
+  const int64_t H = plan.d.h;
+  std::vector<double> x(size_t(H), 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const double u = c.ws.rows[r].uniform;
+    c.ws.uniform_x[H] += u;
+    if (u == 0 || !c.p.grad_w.present()) continue;
+    load_row(c.p.x, i0 + r, x.data());
+    for (int64_t h = 0; h < H; ++h) c.ws.uniform_x[h] += u * x[h];
+  }
 }
 
 // grad_W rows j0 .. j0+n (+)= G_t^T X_block.
@@ -214,33 +254,52 @@ void grad_logits_and_weights(const Context& c, int64_t i0, int64_t rows) {
 #pragma omp parallel for num_threads(plan.threads) schedule(static)
   for (int64_t t = 0; t < plan.tiles; ++t) {
     const int64_t j0 = t * kVocabTile, n = tile_width(plan, t);
+    bool keep = true;
+    if (plan.filter) {
+      keep = false;
+      for (int64_t r = 0; r < rows; ++r) {
+        row_tile_grad(c, r, j0, n);
+        keep = keep || any_above(c.ws.scores + r * V + j0, n, float(c.ws.rows[r].filter_tau));
+      }
+      c.ws.kept[t] = keep;
+    }
     for (int64_t r = 0; r < rows; ++r) {
-      row_tile_grad(c, r, j0, n);
+      if (!plan.filter) row_tile_grad(c, r, j0, n);
       const float* g = c.ws.scores + r * V + j0;
-      if (c.ws.g_bf16) f32_to_bf16_bits(g, n, c.ws.g_bf16 + r * V + j0);
+      if (c.ws.g_bf16 && keep) f32_to_bf16_bits(g, n, c.ws.g_bf16 + r * V + j0);
       if (p.grad_logits.present())
         for (int64_t j = 0; j < n; ++j) store(p.grad_logits, i0 + r, j0 + j, g[j]);
     }
     if (c.ws.grad_b_acc)
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t j = 0; j < n; ++j) c.ws.grad_b_acc[j0 + j] += c.ws.scores[r * V + j0 + j];
-    if (p.grad_w.present()) grad_w_gemm(c, rows, j0, n);
+    if (p.grad_w.present() && keep) grad_w_gemm(c, rows, j0, n);
   }
+  if (plan.filter) count_filtered(c, i0, rows);
 }
 
 namespace {
 
-// grad_x[r0 .. r0+m, h0 .. h0+width] = G[r0 .., :] W[:, h0 ..]: one GEMM over
-// the whole vocabulary when W can be read in place, else tile by tile (in
-// order) from converted pieces of W.
+// grad_x[r0 .. r0+m, h0 .. h0+width] = G[r0 .., :] W[:, h0 ..] over the kept
+// vocab tiles (all of them unless the gradient filter dropped some): one GEMM
+// per run of consecutive kept tiles when W can be read in place, else tile by
+// tile (in order) from converted pieces of W.
 void grad_hidden_task(const Context& c, int64_t r0, int64_t m, int64_t h0, int64_t width) {
   const Plan& plan = c.plan;
   const int64_t H = plan.d.h, V = plan.d.v;
   const bool bf16 = plan.grad_gemm == Dtype::bf16;
   const bool in_place = c.p.w.dtype == plan.grad_gemm && c.p.w.stride[1] == 1;
-  const int64_t step = in_place ? V : kVocabTile;
-  for (int64_t j0 = 0; j0 < V; j0 += step) {
-    const int64_t n = std::min(step, V - j0);
+  auto kept = [&](int64_t t) { return !plan.filter || c.ws.kept[t]; };
+  bool first = true;
+  for (int64_t t0 = 0; t0 < plan.tiles;) {
+    if (!kept(t0)) {
+      ++t0;
+      continue;
+    }
+    int64_t t1 = t0 + 1;
+    if (in_place)
+      while (t1 < plan.tiles && kept(t1)) ++t1;
+    const int64_t j0 = t0 * kVocabTile, n = std::min(t1 * kVocabTile, V) - j0;
     const WPiece w = w_piece(c.p.w, c.p.w_layout, j0, n, h0, width, plan.grad_gemm, thread_scratch(c));
     GemmArgs g{};
     g.m = m, g.n = width, g.k = n;
@@ -249,9 +308,13 @@ void grad_hidden_task(const Context& c, int64_t r0, int64_t m, int64_t h0, int64
     g.lda = V, g.trans_a = false;
     g.b = w.data, g.ldb = w.ld, g.trans_b = !w.vocab_major;
     g.c = c.ws.grad_x_block + r0 * H + h0, g.ldc = H;
-    g.beta = j0 == 0 ? 0.0f : 1.0f;
+    g.beta = first ? 0.0f : 1.0f;
     plan.gemm->run(g);
+    first = false;
+    t0 = t1;
   }
+  if (first)  // every tile filtered out
+    for (int64_t r = r0; r < r0 + m; ++r) std::fill_n(c.ws.grad_x_block + r * H + h0, width, 0.0f);
 }
 
 }  // namespace
@@ -271,8 +334,12 @@ void grad_hidden(const Context& c, int64_t i0, int64_t rows) {
     const int64_t h0 = (task % plan.h_chunks) * kHiddenChunk, width = std::min(kHiddenChunk, H - h0);
     grad_hidden_task(c, r0, m, h0, width);
   }
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t h = 0; h < H; ++h) store(c.p.grad_x, i0 + r, h, c.ws.grad_x_block[r * H + h]);
+  for (int64_t r = 0; r < rows; ++r) {
+    const double u = plan.filter_uniform ? c.ws.rows[r].uniform : 0.0;  // + u_i sum_j c_j W_j
+    for (int64_t h = 0; h < H; ++h)
+      store(c.p.grad_x, i0 + r, h,
+            u == 0 ? c.ws.grad_x_block[r * H + h] : c.ws.grad_x_block[r * H + h] + u * c.ws.uniform_w[h]);
+  }
 }
 
 }  // namespace flce::cpu

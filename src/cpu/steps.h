@@ -15,6 +15,7 @@ struct Context {
   const Workspace& ws;
   double class_sum;  // C = sum_j c_j
   double denom;      // D = sum over non-ignored i of t_i c_{y_i}
+  RunStats* stats;   // the gradient filter's block counts
 };
 
 // Loads the block's x rows; scores s = softcap(a (x W^T + b)) into ws.scores
@@ -26,7 +27,8 @@ void scores_and_states(const Context& c, int64_t i0, int64_t rows);
 void merge_rows(const Context& c, int64_t i0, int64_t rows);
 
 // Turns the scores into G = d objective / d(x W^T + b) in place, writes
-// grad_logits, and adds the block's share of grad_W and grad_bias.
+// grad_logits, and adds the block's share of grad_W and grad_bias. With the
+// gradient filter on, marks which vocab tiles the GEMMs keep (ws.kept).
 void grad_logits_and_weights(const Context& c, int64_t i0, int64_t rows);
 
 // grad_x for the block's rows: G W, one hidden chunk per task.
