@@ -8,8 +8,11 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cpu/gemm/gemm.h"
+#include "common/loss_terms.h"
 #include "cpu/plan.h"
 #include "flce/flce.h"
 #include "simd/kernels.h"
@@ -244,6 +247,117 @@ TEST(CpuDeterminism, SameBitsForAnyThreadCountAndRun) {
       SCOPED_TRACE("threads = " + std::to_string(threads));
       expect_identical_outputs(run_cpu(c, threads), one);
     }
+  }
+}
+
+// Gradient filtering (README, "Gradient filtering"): the filter is a license
+// to drop small dlogits. Its results are judged by the policy plus what the
+// license allows (Precision::filter_eps: every entry the filter may drop),
+// elementwise, on a peaky head (flce bench --data peaky, shrunk) where it
+// drops most blocks; and, when every block is dropped, against the exact
+// rank-one term that label smoothing leaves.
+
+Case peaky(Dtype storage, uint64_t seed = 1) {
+  Case c = Case::peaky_head(300, 40, 5 * kTile + 77, seed);
+  c.stored_as(storage).outputs_as(Dtype::f64).filter_eps(flce::kFilterEpsAuto);
+  // bf16 dlogits as GPU kernels use them; f16 dlogits of a mean over 300
+  // rows would fall below f16's normal range, where rounding is absolute and
+  // the policy's relative u_g does not apply (the cpu suite's storage tests
+  // say more), so f16 keeps f32 dlogits here.
+  if (storage == Dtype::bf16) c.grad_logits(GradLogitsDtype::storage);
+  return c;
+}
+
+TEST(CpuFilter, PeakyHeadSkipsBlocksWithinThePolicy) {
+  for (Dtype storage : {Dtype::bf16, Dtype::f16, Dtype::f32}) {
+    const std::vector<std::pair<const char*, Case>> cases = {
+        {"plain", peaky(storage)},
+        {"smoothing, class weights", peaky(storage, 2).label_smoothing(0.1).with_class_weights()},
+        {"z-loss, token weights, lse and entropy cotangents",
+         peaky(storage, 3).z_loss(1e-3).with_token_weights().with_grad_lse().with_grad_entropy()},
+        {"softcap, scale, bias, hv", peaky(storage, 4).softcap(30).logit_scale(0.9).with_bias()
+                                          .layout(WeightLayout::hv)},
+        {"sum, ignored rows", peaky(storage, 5).reduction(Reduction::sum).ignore_rows({0, 7, 299})},
+    };
+    for (const auto& [name, c] : cases) {
+      SCOPED_TRACE(std::string(flce::dtype_name(storage)) + ": " + name);
+      const Outputs out = run_cpu(c, 2);
+      // bf16's eps 2^-12 drops most of the 2 x 6 blocks, f16's 2^-15 some;
+      // f32's 2^-28 lies below every probability at this V.
+      EXPECT_EQ(out.status.stats.grad_blocks, 2 * 6);
+      if (storage == Dtype::bf16) EXPECT_GE(out.status.stats.grad_blocks_skipped, 6);
+      if (storage == Dtype::f16) EXPECT_GE(out.status.stats.grad_blocks_skipped, 1);
+      for (Pass pass : {Pass::loss_and_grad, Pass::backward}) {
+        if (pass == Pass::backward && std::string(name) != "plain") continue;  // one is enough
+        const DenseProblem d = c.problem();
+        Precision precision = float32_precision(d, c.storage());
+        precision.filter_eps = flce::filter_eps_for(d.options, storage);
+        expect_agreement(d, c.storage(), pass, cpu(), precision);
+      }
+    }
+  }
+}
+
+TEST(CpuFilter, OffWithSoftcapAndSmoothingTogether) {
+  const Outputs out = run_cpu(peaky(Dtype::bf16).softcap(30).label_smoothing(0.1), 2);
+  EXPECT_EQ(out.status.stats.grad_blocks, 0);  // the smoothing term is not rank one there
+  EXPECT_EQ(out.status.stats.grad_blocks_skipped, 0);
+}
+
+TEST(CpuFilter, EveryBlockDroppedLeavesTheExactSmoothingTerm) {
+  // With eps huge every block is dropped: grad_x_i = u_i sum_j c_j W_j and
+  // grad_W_j = c_j sum_i u_i x_i, u_i = -e / (V D) for a plain mean. The cpu
+  // forms both in double from class weights rounded to f32 (2^-24 each, on
+  // the magnitude sum sum_j |c_j W_jk|) and rounds the result to f32 once
+  // (2^-24 |value|); the double sums add (V + N) 2^-53 of their magnitudes,
+  // well inside a second 2^-24 of the magnitude sums.
+  const double e = 0.2;
+  for (WeightLayout layout : {WeightLayout::vh, WeightLayout::hv}) {
+    Case c = head(70, 24, 2 * kTile + 5).label_smoothing(e).with_class_weights().layout(layout)
+                 .filter_eps(1e300).ignore_rows({3});
+    const DenseProblem d = c.problem();
+    const Outputs out = run_cpu(c, 2);
+    EXPECT_EQ(out.status.stats.grad_blocks_skipped, out.status.stats.grad_blocks);
+    auto kept = [&](int64_t i) { return d.labels[i] != d.options.ignore_index; };
+    double denom = 0;
+    for (int64_t i = 0; i < d.n; ++i)
+      if (kept(i)) denom += d.class_weights[d.labels[i]];
+    const double u = -e / (double(d.v) * denom);
+    std::vector<double> cw(d.h, 0.0), cw_mag(d.h, 0.0), ux(d.h, 0.0), ux_mag(d.h, 0.0);
+    for (int64_t j = 0; j < d.v; ++j)
+      for (int64_t k = 0; k < d.h; ++k) {
+        cw[k] += d.class_weights[j] * d.weight(j, k);
+        cw_mag[k] += std::fabs(d.class_weights[j] * d.weight(j, k));
+      }
+    for (int64_t i = 0; i < d.n; ++i)
+      for (int64_t k = 0; k < d.h && kept(i); ++k) {
+        ux[k] += u * d.x[i * d.h + k];
+        ux_mag[k] += std::fabs(u * d.x[i * d.h + k]);
+      }
+    std::vector<double> want_x(d.n * d.h), bound_x(d.n * d.h), want_w(d.v * d.h), bound_w(d.v * d.h);
+    for (int64_t i = 0; i < d.n; ++i)
+      for (int64_t k = 0; k < d.h; ++k) {
+        want_x[i * d.h + k] = kept(i) ? u * cw[k] : 0.0;
+        bound_x[i * d.h + k] = 0x1p-23 * std::fabs(u) * cw_mag[k] + 0x1p-24 * std::fabs(want_x[i * d.h + k]);
+      }
+    for (int64_t j = 0; j < d.v; ++j)
+      for (int64_t k = 0; k < d.h; ++k) {
+        const int64_t at = d.w_index(j, k);
+        want_w[at] = d.class_weights[j] * ux[k];
+        bound_w[at] = 0x1p-23 * d.class_weights[j] * ux_mag[k] + 0x1p-24 * std::fabs(want_w[at]);
+      }
+    EXPECT_TRUE(within_bounds("grad_x", out.grad_x, want_x, bound_x, d.h));
+    EXPECT_TRUE(within_bounds("grad_w", out.grad_w, want_w, bound_w));
+  }
+}
+
+TEST(CpuFilter, SameBitsForAnyThreadCount) {
+  const Case c = peaky(Dtype::bf16).label_smoothing(0.1).with_bias();
+  const Outputs one = run_cpu(c, 1);
+  EXPECT_GT(one.status.stats.grad_blocks_skipped, 0);
+  for (int threads : {2, 3}) {
+    SCOPED_TRACE("threads = " + std::to_string(threads));
+    expect_identical_outputs(run_cpu(c, threads), one);
   }
 }
 

@@ -642,6 +642,20 @@ TEST_F(ValidationOptions, ZLoss) {
   accept(kForward, p);
 }
 
+TEST_F(ValidationOptions, FilterEps) {
+  for (OptionCase c : {OptionCase{-2, "-2"}, {-0.5, "-0.5"}, {kNaN, "nan"}, {kInf, "inf"}}) {
+    SCOPED_TRACE(c.shown);
+    Problem p = train();
+    p.options.filter_eps = c.value;
+    reject(kTrain, p, {"filter_eps", c.shown});
+  }
+  Problem p = train();
+  for (double ok : {0.0, 1e-4, flce::kFilterEpsAuto}) {
+    p.options.filter_eps = ok;
+    accept(kTrain, p);
+  }
+}
+
 TEST_F(ValidationOptions, LogitScale) {
   for (OptionCase c : {OptionCase{0, "= 0"}, {-1, "-1"}, {kNaN, "nan"}, {kInf, "inf"},
                        {-kInf, "-inf"}}) {

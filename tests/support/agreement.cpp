@@ -5,7 +5,8 @@
 namespace flce_test {
 
 void expect_agreement(const DenseProblem& d, const Storage& st, flce::Pass pass,
-                      const flce::RunConfig& config, Precision precision, bool in_place) {
+                      const flce::RunConfig& config, Precision precision, bool in_place,
+                      WeightGradients judge) {
   const BruteForce exact = brute_force(d);
   Request rq;
   rq.config = config;
@@ -42,9 +43,14 @@ void expect_agreement(const DenseProblem& d, const Storage& st, flce::Pass pass,
         within_bounds("grad_logits", out.grad_logits, exact.grad_logits, gb.grad_logits, d.v));
     return;
   }
-  EXPECT_TRUE(within_bounds("grad_x", out.grad_x, exact.grad_x, gb.grad_x, d.h));
-  const int64_t w_cols = d.w_layout == flce::WeightLayout::vh ? d.h : d.v;
-  EXPECT_TRUE(within_bounds("grad_w", out.grad_w, exact.grad_w, gb.grad_w, w_cols));
+  if (judge == WeightGradients::normwise) {
+    EXPECT_TRUE(within_bounds_normwise("grad_x", out.grad_x, exact.grad_x, gb.grad_x));
+    EXPECT_TRUE(within_bounds_normwise("grad_w", out.grad_w, exact.grad_w, gb.grad_w));
+  } else {
+    EXPECT_TRUE(within_bounds("grad_x", out.grad_x, exact.grad_x, gb.grad_x, d.h));
+    const int64_t w_cols = d.w_layout == flce::WeightLayout::vh ? d.h : d.v;
+    EXPECT_TRUE(within_bounds("grad_w", out.grad_w, exact.grad_w, gb.grad_w, w_cols));
+  }
   EXPECT_TRUE(within_bounds("grad_bias", out.grad_bias, exact.grad_bias, gb.grad_bias));
 }
 

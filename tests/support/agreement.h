@@ -15,8 +15,14 @@ namespace flce_test {
 // lse it reads, adding that storage's roundoff to the policy) and checks
 // every output written against the brute force under `precision`. Expects
 // the backend `config.backend` to have run.
+// How grad_x and grad_W are judged: elementwise (every backend, exact
+// semantics), or norm-wise (within_bounds_normwise) for gradient filtering,
+// which drops terms by design. Everything else is always elementwise.
+enum class WeightGradients { elementwise, normwise };
+
 void expect_agreement(const DenseProblem& d, const Storage& st, flce::Pass pass,
-                      const flce::RunConfig& config, Precision precision, bool in_place = false);
+                      const flce::RunConfig& config, Precision precision, bool in_place = false,
+                      WeightGradients judge = WeightGradients::elementwise);
 
 // The policy for a float32 backend (cpu, cuda): f32 accumulation and logits,
 // outputs rounded to their storage, dlogits cast to the storage dtype when

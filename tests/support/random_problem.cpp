@@ -1,5 +1,6 @@
 #include "support/random_problem.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -176,6 +177,25 @@ Case Case::head(int64_t n, int64_t h, int64_t v, uint64_t seed) {
   return c;
 }
 
+Case Case::peaky_head(int64_t n, int64_t h, int64_t v, uint64_t seed) {
+  Case c = head(n, h, v, seed);
+  const double noise_w = h > 1 ? std::sqrt(3.0 / double(h - 1)) : 0.0;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t k = 0; k < h; ++k) c.dense_.x[i * h + k] = k == 0 ? 1.0 : c.dense_.x[i * h + k] * std::sqrt(3.0);
+  for (int64_t j = 0; j < v; ++j)
+    for (int64_t k = 0; k < h; ++k) {
+      double& w = c.dense_.w[j * h + k];  // [V, H] until layout() says otherwise
+      w = k == 0 ? -2.0 * std::log(double(j + 1)) : w * noise_w;
+    }
+  std::vector<double> cdf(v);
+  double total = 0;
+  for (int64_t j = 0; j < v; ++j) cdf[j] = total += 1.0 / double((j + 1) * (j + 1));
+  std::uniform_real_distribution<double> u(0.0, total);
+  for (int64_t& y : c.dense_.labels)
+    y = std::min<int64_t>(std::lower_bound(cdf.begin(), cdf.end(), u(c.rng_)) - cdf.begin(), v - 1);
+  return c;
+}
+
 Case Case::logits(int64_t n, int64_t v, uint64_t seed) {
   Case c;
   c.rng_.seed(seed);
@@ -218,6 +238,8 @@ Case& Case::logit_scale(double a) { dense_.options.logit_scale = a; return *this
 Case& Case::softcap(double k) { dense_.options.softcap = k; return *this; }
 Case& Case::label_smoothing(double e) { dense_.options.label_smoothing = e; return *this; }
 Case& Case::z_loss(double l) { dense_.options.z_loss = l; return *this; }
+Case& Case::filter_eps(double eps) { dense_.options.filter_eps = eps; return *this; }
+Case& Case::grad_logits(flce::GradLogitsDtype g) { dense_.options.grad_logits_dtype = g; return *this; }
 Case& Case::ignore_index(int64_t index) { dense_.options.ignore_index = index; return *this; }
 Case& Case::logit_magnitude(double m) { magnitude_ = m; return *this; }
 Case& Case::stored_as(flce::Dtype d) { storage_.inputs = d; return *this; }

@@ -33,6 +33,11 @@ class Case {
  public:
   // x ~ U(-1, 1), W ~ U(-1, 1), labels ~ U{0..V-1}.
   static Case head(int64_t n, int64_t h, int64_t v, uint64_t seed = 1);
+  // A head shaped like a trained LM's (flce bench --data peaky): x_i0 = 1 and
+  // W_j0 = -2 ln(j + 1) give a Zipf(2) prior over classes in frequency
+  // order; the other coordinates add a logit noise of standard deviation 1
+  // (x ~ U(-1, 1) sqrt 3, W ~ U(-1, 1) sqrt(3 / (h - 1))); labels ~ Zipf(2).
+  static Case peaky_head(int64_t n, int64_t h, int64_t v, uint64_t seed = 1);
   // logits ~ U(-4, 4).
   static Case logits(int64_t n, int64_t v, uint64_t seed = 1);
 
@@ -49,6 +54,8 @@ class Case {
   Case& softcap(double k);
   Case& label_smoothing(double e);
   Case& z_loss(double l);
+  Case& filter_eps(double eps);                // flce::kFilterEpsAuto for auto
+  Case& grad_logits(flce::GradLogitsDtype dtype);
   Case& ignore_index(int64_t index);
   // Scales x (and bias) or the logits so that max |x.W + b| is `m`.
   Case& logit_magnitude(double m);

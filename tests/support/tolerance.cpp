@@ -241,6 +241,38 @@ void dlogits_bounds(const DenseProblem& d, const BruteForce& x, const Precision&
   }
 }
 
+// What gradient filtering may leave out of the GEMMs, per entry: |G'_ij|
+// where |G'_ij| <= eps kappa_i + dG_ij, with G' = G - u c^T (u_i = -a g_i e/V,
+// g_i = r_i t_i) when label smoothing's term is split off, and kappa_i =
+// a (|coef_p_i| + |g_ent_i|), coef_p_i = g_i ((1-e) c_y + (e/V) C + 2 l lse_i)
+// + g_lse_i. With a softcap and label smoothing together the filter is off.
+std::vector<double> filter_allowance(const DenseProblem& d, const BruteForce& x, double eps,
+                                     const std::vector<double>& dg) {
+  std::vector<double> dropped(d.n * d.v, 0.0);
+  const flce::Options& o = d.options;
+  const double e = o.label_smoothing, a = o.logit_scale, V = double(d.v);
+  if (o.softcap > 0 && e > 0) return dropped;
+  auto c = [&](int64_t j) { return d.class_weights.empty() ? 1.0 : d.class_weights[j]; };
+  double C = 0;
+  for (int64_t j = 0; j < d.v; ++j) C += c(j);
+  for (int64_t i = 0; i < d.n; ++i) {
+    const bool ignored = d.labels[i] == o.ignore_index;
+    const double t = d.token_weights.empty() ? 1.0 : d.token_weights[i];
+    const double g = ignored ? 0.0 : x.loss_coef[i] * t;
+    const double c_y = ignored ? 0.0 : c(d.labels[i]);
+    const double g_lse = d.grad_lse.empty() ? 0.0 : d.grad_lse[i];
+    const double g_ent = d.grad_entropy.empty() ? 0.0 : d.grad_entropy[i];
+    const double coef_p = g * ((1 - e) * c_y + (e / V) * C + 2 * o.z_loss * x.lse[i]) + g_lse;
+    const double kappa = a * (std::fabs(coef_p) + std::fabs(g_ent));
+    const double u = -a * g * e / V;
+    for (int64_t j = 0; j < d.v; ++j) {
+      const double gp = std::fabs(x.dlogits[i * d.v + j] - u * c(j));
+      if (gp <= eps * kappa + dg[i * d.v + j]) dropped[i * d.v + j] = gp;
+    }
+  }
+  return dropped;
+}
+
 // Section 7: the parameter gradients (or grad_logits).
 void gradient_bounds(const DenseProblem& d, const BruteForce& x, const Precision& pr,
                      double floor, Bounds* b) {
@@ -258,6 +290,10 @@ void gradient_bounds(const DenseProblem& d, const BruteForce& x, const Precision
     const double dg = b->dlogits[ij] + pr.u_grad * std::fabs(x.dlogits[ij]);
     for_x[ij] = dg + gv1 * std::fabs(x.dlogits[ij]);
     for_w[ij] = dg + gn1 * std::fabs(x.dlogits[ij]);
+  }
+  if (pr.filter_eps > 0) {
+    const std::vector<double> dropped = filter_allowance(d, x, pr.filter_eps, b->dlogits);
+    for (int64_t ij = 0; ij < d.n * d.v; ++ij) for_x[ij] += dropped[ij], for_w[ij] += dropped[ij];
   }
   b->grad_x.assign(d.n * d.h, 0.0);
   for (int64_t i = 0; i < d.n; ++i)
@@ -341,6 +377,36 @@ bool same_nonfinite(double a, double b) {
 }
 
 }  // namespace
+
+::testing::AssertionResult within_bounds_normwise(const std::string& name,
+                                                  const std::vector<double>& actual,
+                                                  const std::vector<double>& expected,
+                                                  const std::vector<double>& bounds, double c) {
+  if (actual.size() != expected.size() || bounds.size() != expected.size())
+    return ::testing::AssertionFailure()
+           << name << ": sizes differ: actual " << actual.size() << ", expected "
+           << expected.size() << ", bounds " << bounds.size();
+  double err2 = 0, bound2 = 0, value2 = 0;
+  for (size_t at = 0; at < expected.size(); ++at) {
+    const double a = actual[at], e = expected[at];
+    if (!std::isfinite(a) || !std::isfinite(e)) {
+      if (!same_nonfinite(a, e))
+        return ::testing::AssertionFailure() << name << ": non-finite mismatch at " << at
+                                             << ": actual " << a << ", expected " << e;
+      continue;
+    }
+    err2 += (a - e) * (a - e);
+    bound2 += (c * bounds[at]) * (c * bounds[at]);
+    value2 += e * e;
+  }
+  std::ostringstream out;
+  out.precision(6);
+  out << name << " norm-wise: ||err|| " << std::sqrt(err2) << " vs ||C * bound|| "
+      << std::sqrt(bound2) << " (ratio " << std::sqrt(err2 / bound2) << "; ||expected|| "
+      << std::sqrt(value2) << ")";
+  if (std::isnan(bound2) || err2 > bound2) return ::testing::AssertionFailure() << out.str();
+  return ::testing::AssertionSuccess() << out.str();
+}
 
 ::testing::AssertionResult within_bounds(const std::string& name,
                                          const std::vector<double>& actual,

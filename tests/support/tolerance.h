@@ -213,6 +213,10 @@ struct Precision {
   double u_out = 0x1p-53;    // u_o
   double u_grad = 0.0;       // u_g
   double u_saved_lse = 0.0;  // u_l
+  // Gradient filtering's eps, resolved (0: off). The bounds of grad_x and
+  // grad_W then also allow every entry the filter may drop (README,
+  // "Gradient filtering"): |G'_ij| wherever |G'_ij| <= eps kappa_i + dG_ij.
+  double filter_eps = 0.0;
 
   // The reference backend: float64 throughout, outputs stored as `out`.
   static Precision float64(flce::Dtype out = flce::Dtype::f64);
@@ -241,6 +245,17 @@ Bounds error_bounds(const DenseProblem& problem, const BruteForce& exact,
                                          const std::vector<double>& expected,
                                          const std::vector<double>& bounds, int64_t cols = 0,
                                          double c = kBoundFactor);
+
+// The same bound taken norm-wise: ||actual - expected||_2 <= c ||bounds||_2
+// (implied by the elementwise check, and weaker: error may move between
+// elements). For approximations that drop whole terms, such as gradient
+// filtering, which leaves a filtered class's grad_W row at 0. Non-finite
+// values must match position for position, as elementwise.
+::testing::AssertionResult within_bounds_normwise(const std::string& name,
+                                                  const std::vector<double>& actual,
+                                                  const std::vector<double>& expected,
+                                                  const std::vector<double>& bounds,
+                                                  double c = kBoundFactor);
 
 // Section 8: every row's argmax is a class that could be the maximum given
 // the logit bounds (the exact one where the gap is large), and the first NaN
