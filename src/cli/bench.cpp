@@ -17,6 +17,7 @@
 #include "cli/args.h"
 #include "cli/bench_problem.h"
 #include "cli/inputs.h"
+#include "common/tensor_access.h"
 #include "cpu/gemm/gemm.h"
 #include "cuda/device_copy.h"
 #include "flce/flce.h"
@@ -114,30 +115,94 @@ Status call(const Problem& p, Pass pass, const RunConfig& config) {
          : pass == Pass::backward ? backward(p, config) : loss_and_grad(p, config);
 }
 
+// --filter-eps: the filtered pass against the same pass unfiltered, timed
+// alternately in this process, and the norm-wise relative difference of
+// their gradients, ||filtered - unfiltered||_2 / ||unfiltered||_2.
+struct FilterReport {
+  bool ran = false;
+  Timing unfiltered;
+  long peak_extra = 0;  // over the timed calls, before the comparison's copies
+  double rel_diff_grad_x = 0, rel_diff_grad_w = 0;
+};
+
+std::vector<double> values_of(const Tensor& t) {
+  std::vector<double> out(size_t(t.shape[0] * t.shape[1]));
+  for (int64_t r = 0; r < t.shape[0]; ++r)
+    for (int64_t c = 0; c < t.shape[1]; ++c) out[size_t(r * t.shape[1] + c)] = load(t, r, c);
+  return out;
+}
+
+double relative_difference(const std::vector<double>& a, const std::vector<double>& b) {
+  double diff = 0, norm = 0;
+  for (size_t k = 0; k < a.size(); ++k) diff += (a[k] - b[k]) * (a[k] - b[k]), norm += b[k] * b[k];
+  return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+}
+
+template <typename Run>
+FilterReport compare_with_unfiltered(const Setup& s, const Problem& filtered, Run&& run,
+                                     PeakMemory& peak, Timing* t) {
+  Problem unfiltered = filtered;
+  unfiltered.options.filter_eps = 0;
+  FilterReport r;
+  r.ran = true;
+  run(unfiltered);  // warm-ups
+  run(filtered);
+  peak.reset();
+  std::vector<double> with, without;
+  for (int rep = 0; rep < s.reps; ++rep) {
+    double t0 = now();
+    run(unfiltered);
+    without.push_back(now() - t0);
+    t0 = now();
+    run(filtered);
+    with.push_back(now() - t0);
+  }
+  auto timing = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return Timing{v[v.size() / 2], v.front()};
+  };
+  r.peak_extra = peak.extra_bytes();
+  *t = timing(with);
+  r.unfiltered = timing(without);
+  const std::vector<double> gx = values_of(filtered.grad_x), gw = values_of(filtered.grad_w);
+  run(unfiltered);
+  r.rel_diff_grad_x = relative_difference(gx, values_of(unfiltered.grad_x));
+  r.rel_diff_grad_w = relative_difference(gw, values_of(unfiltered.grad_w));
+  run(filtered);  // the last call's stats are the filtered one's
+  return r;
+}
+
 void print_result(const Setup& s, const Timing& t, double gemm_seconds, long peak_extra,
-                  size_t workspace, const Status& st, const char* gemm, const char* isa) {
+                  size_t workspace, const Status& st, const char* gemm, const char* isa,
+                  const FilterReport& filter = {}) {
   const double gemms = s.pass == 0 ? 1 : 3;
   const double flops = 2.0 * double(s.n) * double(s.h) * double(s.v) * gemms;
   const RunStats& r = st.stats;
-  char filter[48];
-  std::snprintf(filter, sizeof filter, s.options.filter_eps == kFilterEpsAuto ? "\"auto\"" : "%g",
+  char eps[48], compared[256] = "";
+  std::snprintf(eps, sizeof eps, s.options.filter_eps == kFilterEpsAuto ? "\"auto\"" : "%g",
                 s.options.filter_eps);
+  if (filter.ran)
+    std::snprintf(compared, sizeof compared,
+                  "\"unfiltered_seconds\": %.6g, \"filtered_over_unfiltered\": %.4g, "
+                  "\"rel_diff_grad_x\": %.3g, \"rel_diff_grad_w\": %.3g, ",
+                  filter.unfiltered.median, t.median / filter.unfiltered.median,
+                  filter.rel_diff_grad_x, filter.rel_diff_grad_w);
   std::printf(
       "{\"n\": %lld, \"h\": %lld, \"v\": %lld, \"dtype\": \"%s\", \"pass\": \"%s\", "
       "\"softcap\": %g, \"grad_logits\": \"%s\", \"data\": \"%s\", \"filter_eps\": %s, "
       "\"seconds\": %.6g, \"min_seconds\": %.6g, "
       "\"tokens_per_s\": %.6g, \"gflops\": %.6g, \"gemm_seconds\": %.6g, \"ratio_to_gemm\": %.4g, "
       "\"peak_extra_bytes\": %ld, \"workspace_bytes\": %zu, \"grad_blocks\": %lld, "
-      "\"grad_blocks_skipped\": %lld, \"skipped_fraction\": %.4g, \"backend\": \"%s\", "
+      "\"grad_blocks_skipped\": %lld, \"skipped_fraction\": %.4g, %s\"backend\": \"%s\", "
       "\"gemm\": \"%s\", \"isa\": \"%s\", \"threads\": %d}\n",
       (long long)s.n, (long long)s.h, (long long)s.v, dtype_name(s.dtype),
       s.pass == 0 ? "fwd" : s.pass == 1 ? "bwd" : "step", s.options.softcap,
       s.options.grad_logits_dtype == GradLogitsDtype::f32 ? "f32" : "storage",
-      s.data == 0 ? "gaussian" : "peaky", filter, t.median, t.min,
+      s.data == 0 ? "gaussian" : "peaky", eps, t.median, t.min,
       double(s.n) / t.median, flops / t.median * 1e-9, gemm_seconds * gemms,
       gemm_seconds > 0 ? t.median / (gemm_seconds * gemms) : 0.0, peak_extra, workspace,
       (long long)r.grad_blocks, (long long)r.grad_blocks_skipped,
-      r.grad_blocks > 0 ? double(r.grad_blocks_skipped) / double(r.grad_blocks) : 0.0,
+      r.grad_blocks > 0 ? double(r.grad_blocks_skipped) / double(r.grad_blocks) : 0.0, compared,
       st.backend.c_str(), gemm, isa, s.threads);
 }
 
@@ -179,22 +244,26 @@ int run_bench(const Args& args) {
   size_t workspace = 0;
   Status st = workspace_size(p, pass, s.config, &workspace);
   if (!st.ok()) throw Failure{st.error};
+  auto run = [&](const Problem& q) {
+    st = call(q, pass, s.config);
+    if (!st.ok()) throw Failure{st.error};
+  };
   PeakMemory peak;
-  const Timing t = time_reps(
-      s.reps,
-      [&] {
-        st = call(p, pass, s.config);
-        if (!st.ok()) throw Failure{st.error};
-      },
-      [&] { peak.reset(); });
-  const long peak_extra = peak.extra_bytes();
+  Timing t;
+  FilterReport filter;
+  if (s.options.filter_eps != 0 && pass != Pass::forward) {
+    filter = compare_with_unfiltered(s, p, run, peak, &t);
+  } else {
+    t = time_reps(s.reps, [&] { run(p); }, [&] { peak.reset(); });
+  }
+  const long peak_extra = filter.ran ? filter.peak_extra : peak.extra_bytes();
 
   const cpu::GemmEngine* engine = bench_engine(s.dtype, s.config.gemm);
   const bool native = engine->supports(s.dtype);
   const Timing g = native ? time_reps(s.reps, [&] { logits_gemm_seconds(*engine, bp, s.threads); })
                           : Timing{};
   print_result(s, t, native ? g.median : 0.0, peak_extra, workspace, st, engine->name(),
-               simd::best_kernels().isa);
+               simd::best_kernels().isa, filter);
   return 0;
 }
 
