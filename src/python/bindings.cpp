@@ -153,6 +153,12 @@ flce::Problem parse_problem(const py::dict& tensors, const py::dict& options) {
       o.grad_logits_dtype = parse_enum<flce::GradLogitsDtype>(
           key, as_str(v, key),
           {{"f32", flce::GradLogitsDtype::f32}, {"storage", flce::GradLogitsDtype::storage}});
+    } else if (key == "filter_eps") {  // a number >= 0, or "auto"
+      o.filter_eps = py::isinstance<py::str>(v) && as_str(v, key) == "auto" ? flce::kFilterEpsAuto
+                                                                           : as_double(v, key);
+      if (!py::isinstance<py::str>(v) && o.filter_eps < 0)  // -1 is the C++ API's auto
+        throw py::value_error("filter_eps = " + std::to_string(o.filter_eps) +
+                              ": must be >= 0 (0 turns filtering off) or 'auto'");
     } else if (key == "w_layout") {
       p.w_layout = parse_enum<flce::WeightLayout>(
           key, as_str(v, key), {{"vh", flce::WeightLayout::vh}, {"hv", flce::WeightLayout::hv}});
@@ -212,7 +218,8 @@ py::tuple run(const std::string& pass_name, const py::dict& tensors, const py::d
       case flce::Pass::loss_and_grad: status = flce::loss_and_grad(problem, cfg); break;
     }
   }
-  return py::make_tuple(status.error, status.backend);
+  return py::make_tuple(status.error, status.backend,
+                        py::make_tuple(status.stats.grad_blocks, status.stats.grad_blocks_skipped));
 }
 
 py::tuple workspace_size(const std::string& pass_name, const py::dict& tensors,

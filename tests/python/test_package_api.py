@@ -283,6 +283,9 @@ def test_bad_inputs_raise_the_library_message(change, error, message):
     ({"out": {"loss": np.zeros((), dtype=np.int32)}}, ValueError, r"^loss: dtype i32 is not accepted"),
     ({"out": {"lse": np.zeros(N, dtype=np.float32)[::-1]}}, TypeError, r"^lse: this output array"),
     ({"inplace": True}, ValueError, r"^inplace: only the logits-level entry"),
+    ({"filter_eps": -1.0}, ValueError, r"^filter_eps = -1.0+: must be >= 0"),
+    ({"filter_eps": "often"}, TypeError, r"^filter_eps: expected a number, got str"),
+    ({"filter_eps": float("nan")}, ValueError, r"^filter_eps = nan"),
 ])
 def test_bad_options_raise(kwargs, error, message):
     x, w, y = _problem()
@@ -307,6 +310,30 @@ def test_read_only_output_and_pass_specific_errors():
         flce.backward(x, w, y)
     with pytest.raises(ValueError, match="^grad_x: given, but forward"):
         flce.forward(x, w, y, out={"grad_x": np.zeros((N, H), np.float32)})
+
+
+def test_gradient_filtering_reports_skipped_blocks_and_stays_close():
+    # A peaky head (as flce bench --data peaky): x_0 = 1 and W_j0 = -2 ln(j+1)
+    # put most probability on the first classes, so bf16's auto eps (2^-12)
+    # lets the filter skip the far vocabulary tiles. Judged against the same
+    # call unfiltered, norm-wise, with the package's bf16 tolerance.
+    rng = np.random.default_rng(3)
+    n, h, v = 64, 16, 4096
+    x = np.concatenate([np.ones((n, 1)), rng.standard_normal((n, h - 1))], axis=1)
+    w = np.concatenate([-2 * np.log(np.arange(1, v + 1))[:, None],
+                        rng.standard_normal((v, h - 1)) / np.sqrt(h - 1)], axis=1)
+    xt, wt = torch.tensor(x, dtype=torch.bfloat16), torch.tensor(w, dtype=torch.bfloat16)
+    y = np.minimum(rng.zipf(2.0, n) - 1, v - 1)
+    plain = flce.loss_and_grad(xt, wt, y, grad_logits_dtype="storage", grad_dtype="float32")
+    kept = flce.loss_and_grad(xt, wt, y, grad_logits_dtype="storage", grad_dtype="float32",
+                              filter_eps="auto")
+    assert plain.stats == {"grad_blocks": 0, "grad_blocks_skipped": 0}
+    assert kept.stats["grad_blocks"] == v // 512
+    assert kept.stats["grad_blocks_skipped"] >= v // 512 // 2
+    assert float(kept.loss) == float(plain.loss)  # the forward outputs are exact
+    for name in ("grad_x", "grad_w"):
+        a, b = as_numpy(kept[name]), as_numpy(plain[name])
+        assert np.linalg.norm(a - b) <= 2e-2 * np.linalg.norm(b), name
 
 
 # --- backends, workspace, the GIL ---------------------------------------------

@@ -38,13 +38,16 @@ GRADIENTS = ("grad_x", "grad_w", "grad_bias", "grad_logits")
 
 
 class Result:
-    """What a call wrote: each output (None where not computed) and `backend`,
-    the name of the backend that ran. `r["lse"]` works as well as `r.lse`."""
+    """What a call wrote: each output (None where not computed), `backend`,
+    the name of the backend that ran, and `stats`, what it reports of its
+    work ({'grad_blocks', 'grad_blocks_skipped'}: gradient filtering's block
+    counts, 0 where it did not filter). `r["lse"]` works as well as `r.lse`."""
 
-    __slots__ = FORWARD_OUTPUTS + GRADIENTS + ("backend",)
+    __slots__ = FORWARD_OUTPUTS + GRADIENTS + ("backend", "stats")
 
-    def __init__(self, backend, arrays):
+    def __init__(self, backend, arrays, stats=(0, 0)):
         self.backend = backend
+        self.stats = {"grad_blocks": int(stats[0]), "grad_blocks_skipped": int(stats[1])}
         for name in FORWARD_OUTPUTS + GRADIENTS:
             setattr(self, name, arrays.get(name))
 
@@ -123,7 +126,7 @@ def _gradient_names(grads, logits_entry, has_bias):
 
 
 _OPTION_NAMES = ("logit_scale", "softcap", "ignore_index", "label_smoothing", "z_loss",
-                 "reduction", "w_layout", "grad_logits_dtype")
+                 "reduction", "w_layout", "grad_logits_dtype", "filter_eps")
 _INPUT_NAMES = ("x", "w", "bias", "logits", "labels", "token_weights", "class_weights",
                 "grad_loss", "grad_lse", "grad_entropy", "lse")
 
@@ -230,18 +233,19 @@ def _call(pass_, args, measure=False):
             scratch = _arrays.scratch_like(ref, nbytes)
             keep.append(scratch)
             config["workspace"] = (scratch.data_ptr(), nbytes)
-    error, ran = _run(pass_, tensors, options, config)
+    error, ran, stats = _run(pass_, tensors, options, config)
     del keep
     if error:
         raise ValueError(error)
-    return Result(ran, results)
+    return Result(ran, results, stats)
 
 
 def forward(x=None, w=None, labels=None, *, logits=None, bias=None, token_weights=None,
             class_weights=None, logit_scale=1.0, softcap=0.0, ignore_index=-100,
             label_smoothing=0.0, z_loss=0.0, reduction="mean", w_layout="vh",
-            grad_logits_dtype="f32", outputs=("loss", "lse"), out_dtype="float32",
-            argmax_dtype="int64", out=None, backend=None, gemm=None, threads=0):
+            grad_logits_dtype="f32", filter_eps=0.0, outputs=("loss", "lse"),
+            out_dtype="float32", argmax_dtype="int64", out=None, backend=None, gemm=None,
+            threads=0):
     """The loss and per-row outputs. Give the head (x [N,H], w [V,H] or
     [H,V] with w_layout='hv', optional bias [V]) or logits [N,V]; labels [N]
     int32/int64. `outputs` names what to compute besides loss and lse (always
@@ -256,14 +260,16 @@ def backward(x=None, w=None, labels=None, lse=None, *, logits=None, bias=None,
              token_weights=None, class_weights=None, grad_loss=None, grad_lse=None,
              grad_entropy=None, logit_scale=1.0, softcap=0.0, ignore_index=-100,
              label_smoothing=0.0, z_loss=0.0, reduction="mean", w_layout="vh",
-             grad_logits_dtype="f32", grads=None, grad_dtype="float32", inplace=False,
-             out=None, backend=None, gemm=None, threads=0):
+             grad_logits_dtype="f32", filter_eps=0.0, grads=None, grad_dtype="float32",
+             inplace=False, out=None, backend=None, gemm=None, threads=0):
     """Gradients from the lse that forward() returned. Cotangents: grad_loss
     (a number or 0-D array for sum/mean, [N] for none; default 1), grad_lse
     and grad_entropy ([N]; default 0). `grads` picks among 'x', 'w', 'bias'
     (default: all the problem has) or 'logits' (the logits entry); they are
     float32, float64 or 'input' (x's or the logits' dtype). inplace=True
-    writes grad_logits over the logits. Returns a Result."""
+    writes grad_logits over the logits. filter_eps (a number >= 0 or 'auto',
+    the storage dtype's epsilon / 32) turns on gradient filtering (README);
+    Result.stats counts the blocks it skipped. Returns a Result."""
     return _call("backward", locals())
 
 
@@ -271,7 +277,7 @@ def loss_and_grad(x=None, w=None, labels=None, *, logits=None, bias=None, token_
                   class_weights=None, grad_loss=None, grad_lse=None, grad_entropy=None,
                   logit_scale=1.0, softcap=0.0, ignore_index=-100, label_smoothing=0.0,
                   z_loss=0.0, reduction="mean", w_layout="vh", grad_logits_dtype="f32",
-                  outputs=("loss", "lse"), grads=None, out_dtype="float32", grad_dtype=None,
+                  filter_eps=0.0, outputs=("loss", "lse"), grads=None, out_dtype="float32", grad_dtype=None,
                   argmax_dtype="int64", inplace=False, out=None, backend=None, gemm=None,
                   threads=0):
     """forward() and backward() in one pass: a training step. Arguments as

@@ -89,8 +89,8 @@ def _tensor(name, value):
 def linear_cross_entropy(x, W, y, bias=None, *, class_weights=None, token_weights=None,
                          ignore_index=-100, label_smoothing=0.0, z_loss=0.0, softcap=0.0,
                          logit_scale=1.0, reduction="mean", w_layout="vh",
-                         grad_logits_dtype="f32", backend=None, gemm=None, threads=0,
-                         return_lse=False, return_entropy=False):
+                         grad_logits_dtype="f32", filter_eps=0.0, backend=None, gemm=None,
+                         threads=0, return_lse=False, return_entropy=False):
     """The loss of F.cross_entropy(F.linear(x, W, bias), y, ...) without the
     logits. x [..., H]; W [V, H] (w_layout='vh', nn.Linear's weight) or
     [H, V] ('hv'); y [...] int64/int32; class_weights [V] (F.cross_entropy's
@@ -110,7 +110,8 @@ def linear_cross_entropy(x, W, y, bias=None, *, class_weights=None, token_weight
     tw = None if token_weights is None else _tensor("token_weights", token_weights).reshape(-1)
     options = dict(ignore_index=int(ignore_index), label_smoothing=float(label_smoothing),
                    z_loss=float(z_loss), softcap=float(softcap), logit_scale=float(logit_scale),
-                   reduction=reduction, w_layout=w_layout, grad_logits_dtype=grad_logits_dtype)
+                   reduction=reduction, w_layout=w_layout, grad_logits_dtype=grad_logits_dtype,
+                   filter_eps=filter_eps if filter_eps == "auto" else float(filter_eps))
     run = dict(backend=backend, gemm=gemm, threads=threads)
     config = _Config(options, run, bool(return_entropy))
     out = LinearCrossEntropyFunction.apply(
@@ -133,12 +134,12 @@ class LinearCrossEntropyLoss(torch.nn.Module):
     def __init__(self, ignore_index=-100, label_smoothing=0.0, z_loss=0.0, softcap=0.0,
                  logit_scale=1.0, reduction="mean", w_layout="vh", backend=None,
                  class_weights=None, gemm=None, threads=0, grad_logits_dtype="f32",
-                 return_lse=False, return_entropy=False):
+                 filter_eps=0.0, return_lse=False, return_entropy=False):
         super().__init__()
         self.ignore_index, self.label_smoothing, self.z_loss = ignore_index, label_smoothing, z_loss
         self.softcap, self.logit_scale, self.reduction = softcap, logit_scale, reduction
         self.w_layout, self.backend, self.gemm, self.threads = w_layout, backend, gemm, threads
-        self.grad_logits_dtype = grad_logits_dtype
+        self.grad_logits_dtype, self.filter_eps = grad_logits_dtype, filter_eps
         self.return_lse, self.return_entropy = return_lse, return_entropy
         self.register_buffer("class_weights", class_weights)
 
@@ -148,7 +149,8 @@ class LinearCrossEntropyLoss(torch.nn.Module):
             ignore_index=self.ignore_index, label_smoothing=self.label_smoothing,
             z_loss=self.z_loss, softcap=self.softcap, logit_scale=self.logit_scale,
             reduction=self.reduction, w_layout=self.w_layout,
-            grad_logits_dtype=self.grad_logits_dtype, backend=self.backend, gemm=self.gemm,
+            grad_logits_dtype=self.grad_logits_dtype, filter_eps=self.filter_eps,
+            backend=self.backend, gemm=self.gemm,
             threads=self.threads, return_lse=self.return_lse,
             return_entropy=self.return_entropy)
 
