@@ -9,7 +9,8 @@
 // FLOPS (2NHV for fwd, 6NHV for bwd and step), peak_extra_bytes (the
 // backend's workspace) and ratio_to_gemm (seconds per pass over the GEMMs
 // it cannot avoid, timed just before in the same process). bf16 runs cast
-// dlogits to bf16 (grad_logits_dtype = storage), as GPU kernels do.
+// dlogits to bf16 (grad_logits_dtype = storage), as GPU kernels do, and
+// write f32 gradients, as mixed-precision training keeps f32 master weights.
 //   build/bench/flce_benchmarks --benchmark_filter='S1/f32' --benchmark_format=json
 #include <benchmark/benchmark.h>
 
@@ -44,7 +45,8 @@ flce::cli::BenchProblem& problem_for(const Shape& s, Dtype dtype) {
     flce::Options o;
     o.softcap = s.softcap;
     if (dtype == Dtype::bf16) o.grad_logits_dtype = flce::GradLogitsDtype::storage;
-    current = std::make_unique<flce::cli::BenchProblem>(s.n, s.h, s.v, dtype, o);
+    current = std::make_unique<flce::cli::BenchProblem>(s.n, s.h, s.v, dtype, o,
+                                                         flce::cli::BenchData::gaussian, Dtype::f32);
     key = want;
   }
   return *current;

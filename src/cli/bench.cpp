@@ -36,9 +36,11 @@ const std::vector<Flag>& bench_flags() {
       {"softcap", "K", "softcap (default 0)"},
       {"grad-logits", "f32|storage", "dtype of dlogits before the gradient GEMMs (default f32)"},
       {"filter-eps", "E|auto", "gradient filtering: E >= 0, or auto = storage epsilon / 32 (default 0, off)"},
+      {"grad-dtype", "f32|storage", "dtype of grad_x and grad_W: f32 (mixed precision) or the storage dtype (default f32)"},
       {"data", "gaussian|peaky", "generated data: gaussian, or a trained-LM-like Zipf head (default gaussian)"},
       {"threads", "T", "threads (default: all)"},
-      {"reps", "R", "timed repetitions after one warm-up (default 5)"},
+      {"reps", "R", "timed repetitions (default 5)"},
+      {"warmup", "W", "untimed calls before them, 0 or 1 (default 1; 0 for shapes that take minutes)"},
       {"backend", "NAME", "force a backend (default: the first that accepts)"},
       {"gemm", "NAME", "force the cpu backend's GEMM engine"},
       {"help", nullptr, "show this help"},
@@ -54,11 +56,11 @@ struct Timing {
   double median = 0, min = 0;
 };
 
-// Median and minimum of `reps` timed calls after one warm-up (first touch of
-// buffers, GEMM primitive creation); `after_warmup` runs between them.
+// Median and minimum of `reps` timed calls after an optional warm-up (first
+// touch of buffers, GEMM primitive creation); `after_warmup` runs between.
 template <typename F, typename G = void (*)()>
-Timing time_reps(int reps, F&& f, G&& after_warmup = [] {}) {
-  f();
+Timing time_reps(int reps, bool warmup, F&& f, G&& after_warmup = [] {}) {
+  if (warmup) f();
   after_warmup();
   std::vector<double> t;
   for (int r = 0; r < reps; ++r) {
@@ -75,7 +77,9 @@ struct Setup {
   Dtype dtype = Dtype::f32;
   int pass = 2;  // fwd, bwd, step
   int threads = 0, reps = 5;
+  bool warmup = true;
   int data = 0;  // BenchData
+  Dtype grad_dtype = Dtype::f32;
   Options options;
   RunConfig config;
 };
@@ -97,6 +101,9 @@ Setup read_setup(const Args& args) {
   s.options.grad_logits_dtype = GradLogitsDtype(grad_logits);
   check(get_filter_eps(args, &s.options.filter_eps));
   check(args.get_choice("data", {"gaussian", "peaky"}, &s.data));
+  int grad_dtype = 0;
+  check(args.get_choice("grad-dtype", {"f32", "storage"}, &grad_dtype));
+  s.grad_dtype = grad_dtype == 0 ? Dtype::f32 : s.dtype;
   int64_t threads = 0, reps = 5;
   check(args.get_int("threads", &threads));
   check(args.get_int("reps", &reps));
@@ -104,6 +111,10 @@ Setup read_setup(const Args& args) {
   if (reps < 1 || reps > 1000) throw Failure{"--reps: " + std::to_string(reps) + " is not in [1, 1000]"};
   s.threads = threads > 0 ? int(threads) : omp_get_max_threads();
   s.reps = int(reps);
+  int64_t warmup = 1;
+  check(args.get_int("warmup", &warmup));
+  if (warmup != 0 && warmup != 1) throw Failure{"--warmup: " + std::to_string(warmup) + " is not 0 or 1"};
+  s.warmup = warmup == 1;
   s.config.threads = s.threads;
   s.config.backend = args.get("backend");
   s.config.gemm = args.get("gemm");
@@ -145,8 +156,7 @@ FilterReport compare_with_unfiltered(const Setup& s, const Problem& filtered, Ru
   unfiltered.options.filter_eps = 0;
   FilterReport r;
   r.ran = true;
-  run(unfiltered);  // warm-ups
-  run(filtered);
+  if (s.warmup) run(unfiltered), run(filtered);
   peak.reset();
   std::vector<double> with, without;
   for (int rep = 0; rep < s.reps; ++rep) {
@@ -189,18 +199,21 @@ void print_result(const Setup& s, const Timing& t, double gemm_seconds, long pea
                   filter.rel_diff_grad_x, filter.rel_diff_grad_w);
   std::printf(
       "{\"n\": %lld, \"h\": %lld, \"v\": %lld, \"dtype\": \"%s\", \"pass\": \"%s\", "
-      "\"softcap\": %g, \"grad_logits\": \"%s\", \"data\": \"%s\", \"filter_eps\": %s, "
+      "\"softcap\": %g, \"grad_logits\": \"%s\", \"grad_dtype\": \"%s\", \"data\": \"%s\", "
+      "\"filter_eps\": %s, "
       "\"seconds\": %.6g, \"min_seconds\": %.6g, "
       "\"tokens_per_s\": %.6g, \"gflops\": %.6g, \"gemm_seconds\": %.6g, \"ratio_to_gemm\": %.4g, "
-      "\"peak_extra_bytes\": %ld, \"workspace_bytes\": %zu, \"grad_blocks\": %lld, "
+      "\"peak_extra_bytes\": %ld, \"peak_rss_bytes\": %ld, \"workspace_bytes\": %zu, "
+      "\"grad_blocks\": %lld, "
       "\"grad_blocks_skipped\": %lld, \"skipped_fraction\": %.4g, %s\"backend\": \"%s\", "
       "\"gemm\": \"%s\", \"isa\": \"%s\", \"threads\": %d}\n",
       (long long)s.n, (long long)s.h, (long long)s.v, dtype_name(s.dtype),
       s.pass == 0 ? "fwd" : s.pass == 1 ? "bwd" : "step", s.options.softcap,
       s.options.grad_logits_dtype == GradLogitsDtype::f32 ? "f32" : "storage",
-      s.data == 0 ? "gaussian" : "peaky", eps, t.median, t.min,
+      dtype_name(s.grad_dtype), s.data == 0 ? "gaussian" : "peaky", eps, t.median, t.min,
       double(s.n) / t.median, flops / t.median * 1e-9, gemm_seconds * gemms,
-      gemm_seconds > 0 ? t.median / (gemm_seconds * gemms) : 0.0, peak_extra, workspace,
+      gemm_seconds > 0 ? t.median / (gemm_seconds * gemms) : 0.0, peak_extra,
+      process_peak_rss_bytes(), workspace,
       (long long)r.grad_blocks, (long long)r.grad_blocks_skipped,
       r.grad_blocks > 0 ? double(r.grad_blocks_skipped) / double(r.grad_blocks) : 0.0, compared,
       st.backend.c_str(), gemm, isa, s.threads);
@@ -220,7 +233,7 @@ int run_bench_on_device(const Setup& s, Pass pass, BenchProblem& bp) {
   size_t workspace = 0;
   Status st = workspace_size(p, pass, s.config, &workspace);
   if (!st.ok()) throw Failure{st.error};
-  const Timing t = time_reps(s.reps, [&] {
+  const Timing t = time_reps(s.reps, s.warmup, [&] {
     st = call(p, pass, s.config);
     if (!st.ok()) throw Failure{st.error};
     check(cuda::synchronize());
@@ -234,7 +247,7 @@ int run_bench_on_device(const Setup& s, Pass pass, BenchProblem& bp) {
 int run_bench(const Args& args) {
   const Setup s = read_setup(args);
   const Pass pass = s.pass == 0 ? Pass::forward : s.pass == 1 ? Pass::backward : Pass::loss_and_grad;
-  BenchProblem bp(s.n, s.h, s.v, s.dtype, s.options, BenchData(s.data));
+  BenchProblem bp(s.n, s.h, s.v, s.dtype, s.options, BenchData(s.data), s.grad_dtype);
   if (wants_device(s.config)) return run_bench_on_device(s, pass, bp);
   Problem p = bp.problem(pass);
   if (pass == Pass::backward) {  // backward reads the lse a forward wrote
@@ -254,13 +267,13 @@ int run_bench(const Args& args) {
   if (s.options.filter_eps != 0 && pass != Pass::forward) {
     filter = compare_with_unfiltered(s, p, run, peak, &t);
   } else {
-    t = time_reps(s.reps, [&] { run(p); }, [&] { peak.reset(); });
+    t = time_reps(s.reps, s.warmup, [&] { run(p); }, [&] { peak.reset(); });
   }
   const long peak_extra = filter.ran ? filter.peak_extra : peak.extra_bytes();
 
   const cpu::GemmEngine* engine = bench_engine(s.dtype, s.config.gemm);
   const bool native = engine->supports(s.dtype);
-  const Timing g = native ? time_reps(s.reps, [&] { logits_gemm_seconds(*engine, bp, s.threads); })
+  const Timing g = native ? time_reps(s.reps, s.warmup, [&] { logits_gemm_seconds(*engine, bp, s.threads); })
                           : Timing{};
   print_result(s, t, native ? g.median : 0.0, peak_extra, workspace, st, engine->name(),
                simd::best_kernels().isa, filter);

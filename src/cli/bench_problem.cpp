@@ -40,37 +40,35 @@ class ZipfSampler {
 }  // namespace
 
 BenchProblem::BenchProblem(int64_t n_, int64_t h_, int64_t v_, Dtype dtype_, Options options,
-                           BenchData data)
-    : n(n_), h(h_), v(v_), dtype(dtype_), options_(options) {
+                           BenchData data, Dtype grad_dtype_)
+    : n(n_), h(h_), v(v_), dtype(dtype_), grad_dtype(grad_dtype_), options_(options) {
   std::mt19937_64 rng(1);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  x32_.resize(size_t(n * h));
-  w32_.resize(size_t(v * h));
+  // Values go straight into the storage dtype: no f32 copy of a bf16 problem.
+  const bool bf16 = dtype == Dtype::bf16;
+  (bf16 ? x16_.resize(size_t(n * h)) : x32_.resize(size_t(n * h)));
+  (bf16 ? w16_.resize(size_t(v * h)) : w32_.resize(size_t(v * h)));
+  auto set_x = [&](int64_t at, float e) { bf16 ? void(x16_[size_t(at)] = f32_to_bf16(e)) : void(x32_[size_t(at)] = e); };
+  auto set_w = [&](int64_t at, float e) { bf16 ? void(w16_[size_t(at)] = f32_to_bf16(e)) : void(w32_[size_t(at)] = e); };
   labels_.resize(size_t(n));
   if (data == BenchData::gaussian) {
     const float w_scale = 2.0f / std::sqrt(float(h));
-    for (float& e : x32_) e = normal(rng);
-    for (float& e : w32_) e = w_scale * normal(rng);
+    for (int64_t at = 0; at < n * h; ++at) set_x(at, normal(rng));
+    for (int64_t at = 0; at < v * h; ++at) set_w(at, w_scale * normal(rng));
     for (int64_t& y : labels_) y = int64_t(rng() % uint64_t(v));
   } else {  // peaky (see the header)
     const float w_scale = h > 1 ? 1.0f / std::sqrt(float(h - 1)) : 0.0f;
     for (int64_t i = 0; i < n; ++i)
-      for (int64_t k = 0; k < h; ++k) x32_[size_t(i * h + k)] = k == 0 ? 1.0f : normal(rng);
+      for (int64_t k = 0; k < h; ++k) set_x(i * h + k, k == 0 ? 1.0f : normal(rng));
     for (int64_t j = 0; j < v; ++j)
       for (int64_t k = 0; k < h; ++k)
-        w32_[size_t(j * h + k)] = k == 0 ? float(-2 * std::log(double(j + 1))) : w_scale * normal(rng);
+        set_w(j * h + k, k == 0 ? float(-2 * std::log(double(j + 1))) : w_scale * normal(rng));
     ZipfSampler zipf(v);
     for (int64_t& y : labels_) y = zipf(rng);
   }
-  if (dtype == Dtype::bf16) {
-    for (float e : x32_) x16_.push_back(f32_to_bf16(e));
-    for (float e : w32_) w16_.push_back(f32_to_bf16(e));
-    std::vector<float>().swap(x32_);
-    std::vector<float>().swap(w32_);
-  }
   lse_.resize(size_t(n));
-  grad_x_.resize(size_t(n * h) * dtype_size(dtype));
-  grad_w_.resize(size_t(v * h) * dtype_size(dtype));
+  grad_x_.resize(size_t(n * h) * dtype_size(grad_dtype));
+  grad_w_.resize(size_t(v * h) * dtype_size(grad_dtype));
 }
 
 const void* BenchProblem::x() const {
@@ -89,25 +87,27 @@ Problem BenchProblem::problem(Pass pass) {
   p.lse = vector_view(lse_.data(), Dtype::f32, n);
   if (pass != Pass::backward) p.loss = scalar_view(&loss_, Dtype::f32);
   if (pass != Pass::forward) {
-    p.grad_x = matrix_view(grad_x_.data(), dtype, n, h);
-    p.grad_w = matrix_view(grad_w_.data(), dtype, v, h);
+    p.grad_x = matrix_view(grad_x_.data(), grad_dtype, n, h);
+    p.grad_w = matrix_view(grad_w_.data(), grad_dtype, v, h);
   }
   return p;
 }
 
 double logits_gemm_seconds(const cpu::GemmEngine& engine, const BenchProblem& p, int threads) {
-  const int64_t block = 2048;
-  std::vector<float> out(size_t(threads) * size_t(p.n) * block);
+  const int64_t rows = 4096, cols = 2048;
+  const int64_t row_blocks = (p.n + rows - 1) / rows, col_blocks = (p.v + cols - 1) / cols;
+  std::vector<float> out(size_t(threads) * size_t(std::min(rows, p.n)) * size_t(cols));
   const size_t elt = dtype_size(p.dtype);
   const auto t0 = std::chrono::steady_clock::now();
 #pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t j0 = 0; j0 < p.v; j0 += block) {
+  for (int64_t b = 0; b < row_blocks * col_blocks; ++b) {
+    const int64_t i0 = (b / col_blocks) * rows, j0 = (b % col_blocks) * cols;
     cpu::GemmArgs g{};
-    g.m = p.n, g.n = std::min(block, p.v - j0), g.k = p.h;
+    g.m = std::min(rows, p.n - i0), g.n = std::min(cols, p.v - j0), g.k = p.h;
     g.ab_dtype = p.dtype;
-    g.a = p.x(), g.lda = p.h;
+    g.a = static_cast<const char*>(p.x()) + size_t(i0 * p.h) * elt, g.lda = p.h;
     g.b = static_cast<const char*>(p.w()) + size_t(j0 * p.h) * elt, g.ldb = p.h, g.trans_b = true;
-    g.c = out.data() + size_t(omp_get_thread_num()) * size_t(p.n) * block, g.ldc = block;
+    g.c = out.data() + size_t(omp_get_thread_num()) * size_t(std::min(rows, p.n)) * cols, g.ldc = cols;
     engine.run(g);
   }
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -125,24 +125,24 @@ long status_bytes(const char* field) {  // a "VmXXX:  123 kB" line of /proc/self
   return -1;
 }
 
-long lifetime_peak_bytes() {
+}  // namespace
+
+long process_peak_rss_bytes() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   return usage.ru_maxrss * 1024L;
 }
-
-}  // namespace
 
 void PeakMemory::reset() {
   std::ofstream clear("/proc/self/clear_refs");
   clear << "5";  // 5: reset the peak resident size to the current one
   clear.flush();
   hwm_ = clear.good() && status_bytes("VmRSS") >= 0;
-  base_ = hwm_ ? status_bytes("VmRSS") : lifetime_peak_bytes();
+  base_ = hwm_ ? status_bytes("VmRSS") : process_peak_rss_bytes();
 }
 
 long PeakMemory::extra_bytes() const {
-  const long peak = hwm_ ? status_bytes("VmHWM") : lifetime_peak_bytes();
+  const long peak = hwm_ ? status_bytes("VmHWM") : process_peak_rss_bytes();
   return std::max(0L, peak - base_);
 }
 

@@ -26,16 +26,18 @@ enum class BenchData { gaussian, peaky };
 
 class BenchProblem {
  public:
+  // grad_dtype: the dtype of grad_x and grad_W, the storage dtype (a pure
+  // bf16 step) or f32 (mixed precision: f32 master weights and their grads).
   BenchProblem(int64_t n, int64_t h, int64_t v, Dtype dtype, Options options,
-               BenchData data = BenchData::gaussian);
+               BenchData data, Dtype grad_dtype);
 
-  // The problem of `pass`: loss and lse for forward, gradients (in the
-  // storage dtype, as a training step keeps them) for backward and step.
+  // The problem of `pass`: loss and lse for forward, gradients for backward
+  // and step.
   // Backward reads the lse a forward run wrote: call forward first.
   Problem problem(Pass pass);
 
   int64_t n, h, v;
-  Dtype dtype;
+  Dtype dtype, grad_dtype;
   const void* x() const;
   const void* w() const;
 
@@ -50,8 +52,9 @@ class BenchProblem {
 };
 
 // Seconds for U[N, V] = X W^T with `engine` (which must support `dtype`),
-// in vocab blocks of 2048 over `threads` OpenMP threads, one single-threaded
-// engine call per block: the fastest way the cpu backend could run it.
+// in blocks of 4096 rows x 2048 classes over `threads` OpenMP threads, one
+// single-threaded engine call per block into a 32 MiB buffer per thread:
+// the fastest way the cpu backend could run it, in bounded memory.
 double logits_gemm_seconds(const cpu::GemmEngine& engine, const BenchProblem& p, int threads);
 
 // Peak resident memory over a stretch of code, from Linux's VmHWM after
@@ -69,6 +72,9 @@ class PeakMemory {
   long base_ = 0;
   bool hwm_ = false;
 };
+
+// The process's peak resident memory since it started (getrusage).
+long process_peak_rss_bytes();
 
 // The engine the cpu backend picks for this dtype, or the named one.
 const cpu::GemmEngine* bench_engine(Dtype dtype, const std::string& name);
