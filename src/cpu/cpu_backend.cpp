@@ -136,6 +136,7 @@ class CpuBackend final : public Backend {
 
   std::string run(const Problem& p, Pass pass, const RunConfig& config, void* workspace,
                   RunStats* stats) const override {
+    if (auto e = cpu::check_tuning_env(); !e.empty()) return e;
     const cpu::GemmEngine* engine = nullptr;
     if (auto e = cpu::pick_gemm(config, p.logits.present() ? p.logits.dtype : p.x.dtype, &engine);
         !e.empty())

@@ -1,5 +1,6 @@
 #include "cpu/operands.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/float16.h"
@@ -109,6 +110,17 @@ void round_to_storage(float* values, int64_t n, Dtype storage) {
 
 void f32_to_bf16_bits(const float* in, int64_t n, uint16_t* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = bf16_of(in[i]);
+}
+
+void f32_to_bf16_in_place(float* values, int64_t n) {
+  // Through a stack buffer: no reliance on how a loop over aliasing float
+  // and uint16_t pointers gets compiled.
+  uint16_t buffer[256];
+  for (int64_t i0 = 0; i0 < n; i0 += 256) {
+    const int64_t len = std::min<int64_t>(256, n - i0);
+    f32_to_bf16_bits(values + i0, len, buffer);
+    std::memcpy(reinterpret_cast<char*>(values) + 2 * i0, buffer, size_t(len) * 2);
+  }
 }
 
 }  // namespace flce::cpu

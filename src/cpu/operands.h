@@ -29,5 +29,7 @@ WPiece w_piece(const Tensor& w, WeightLayout layout, int64_t j0, int64_t n, int6
 void round_to_storage(float* values, int64_t n, Dtype storage);
 // f32 -> bf16 bits, nearest even.
 void f32_to_bf16_bits(const float* in, int64_t n, uint16_t* out);
+// values[0, n) rounded to bf16 bits, written over the first 2n bytes of values.
+void f32_to_bf16_in_place(float* values, int64_t n);
 
 }  // namespace flce::cpu

@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 namespace flce::cpu {
 
@@ -22,6 +23,31 @@ std::string pick_gemm(const RunConfig& config, Dtype storage, const GemmEngine**
   // bf16 storage prefers an engine with native bf16; any other converts to f32.
   *engine = storage == Dtype::bf16 ? default_gemm_engine(Dtype::bf16) : nullptr;
   if (*engine == nullptr) *engine = default_gemm_engine(Dtype::f32);
+  return "";
+}
+
+namespace {
+
+// FLCE_CPU_SCORE_MIB in [1, 4096], or 0 when unset or invalid.
+int64_t score_mib_from_env() {
+  const char* env = std::getenv("FLCE_CPU_SCORE_MIB");
+  if (env == nullptr) return 0;
+  char* end = nullptr;
+  const long mib = std::strtol(env, &end, 10);
+  return *env != '\0' && *end == '\0' && mib >= 1 && mib <= 4096 ? mib : 0;
+}
+
+int64_t score_budget_bytes() {
+  const int64_t mib = score_mib_from_env();
+  return mib > 0 ? mib << 20 : kScoreBudgetBytes;
+}
+
+}  // namespace
+
+std::string check_tuning_env() {
+  const char* env = std::getenv("FLCE_CPU_SCORE_MIB");
+  if (env != nullptr && score_mib_from_env() == 0)
+    return "FLCE_CPU_SCORE_MIB = '" + std::string(env) + "': must be a whole number of MiB in [1, 4096]";
   return "";
 }
 
@@ -48,8 +74,7 @@ Plan make_plan(const Problem& p, Pass pass, const RunConfig& config) {
   plan.filter_uniform = plan.filter && p.options.label_smoothing > 0;
 
   const int64_t V = plan.d.v;
-  const int64_t bytes_per_score = plan.grad_gemm == Dtype::bf16 ? 6 : 4;
-  const int64_t fit = kScoreBudgetBytes / (V * bytes_per_score);
+  const int64_t fit = score_budget_bytes() / (V * 4);
   int64_t rows = std::clamp<int64_t>(fit, 1, kMaxRowBlock);
   if (rows >= 16) rows -= rows % 16;  // whole GEMM register blocks
   plan.row_block = std::min(rows, plan.d.n);
@@ -72,7 +97,7 @@ Sizes sizes_of(const Plan& plan, const Problem& p) {
   const size_t logits_elt = dtype_size(plan.logits_gemm), grad_elt = dtype_size(plan.grad_gemm);
   Sizes s;
   s.bytes[0] = size_t(R * V) * 4;
-  s.bytes[1] = grads && plan.grad_gemm == Dtype::bf16 ? size_t(R * V) * 2 : 0;
+  s.bytes[1] = 0;  // unused (was a separate bf16 copy of G)
   s.bytes[2] = size_t(R * H) * logits_elt;
   s.bytes[3] = grads && plan.grad_gemm != plan.logits_gemm ? size_t(R * H) * grad_elt : 0;
   s.bytes[4] = size_t(plan.threads) * size_t(kVocabTile * H) * 4;
@@ -111,7 +136,6 @@ Workspace carve_workspace(const Plan& plan, const Problem& p, void* base) {
   }
   Workspace w;
   w.scores = static_cast<float*>(piece[0]);
-  w.g_bf16 = static_cast<uint16_t*>(piece[1]);
   w.x_block = piece[2];
   w.x_block_grad = piece[3] ? piece[3] : piece[2];
   w.w_scratch = piece[4];

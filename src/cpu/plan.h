@@ -16,7 +16,12 @@ namespace flce::cpu {
 
 // The scores of one row block across the whole vocabulary stay in memory, so
 // a training step needs one logits GEMM per tile; this budget bounds them.
-constexpr int64_t kScoreBudgetBytes = int64_t(32) << 20;
+// The row block R is also the K of the grad_W GEMMs, whose f32 output tile
+// is read and written once per row block: small R makes them memory-bound
+// (S2, V = 128256: 2.4x three GEMMs at R = 32, 1.35x at R = 160). 48 MiB
+// keeps the whole workspace under 64 MiB. FLCE_CPU_SCORE_MIB overrides it,
+// for tuning (bench/tune_row_block.sh).
+constexpr int64_t kScoreBudgetBytes = int64_t(48) << 20;
 constexpr int64_t kMaxRowBlock = 256;
 constexpr int64_t kVocabTile = 512;    // columns per tile: a GEMM's n, a kernel call's length
 constexpr int64_t kHiddenChunk = 256;  // columns of grad_x per task
@@ -48,6 +53,9 @@ struct Plan {
   const simd::KernelSet* kernels = nullptr;
 };
 
+// "" or an error naming a malformed FLCE_CPU_SCORE_MIB.
+std::string check_tuning_env();
+
 // The plan for a problem already validated and accepted.
 Plan make_plan(const Problem& p, Pass pass, const RunConfig& config);
 
@@ -70,8 +78,11 @@ struct RowInfo {
 
 // Scratch carved from one workspace, each piece 64-byte aligned.
 struct Workspace {
-  float* scores = nullptr;            // [R, V]: s, then G in place
-  uint16_t* g_bf16 = nullptr;         // [R, V]: G in bf16 for bf16 gradient GEMMs
+  // [R, V]: s, then G in place. For bf16 gradient GEMMs each tile's G is
+  // then converted in place to bf16, at the start of its own f32 span: as a
+  // bf16 matrix, columns j0 .. j0+n of tile t sit at 2 j0 .. 2 j0+n of rows
+  // 2V apart (g_bf16_tile()).
+  float* scores = nullptr;
   void* x_block = nullptr;            // [R, H] in logits_gemm dtype
   void* x_block_grad = nullptr;       // [R, H] in grad_gemm dtype, when it differs
   void* w_scratch = nullptr;          // [threads, T, H] converted W pieces
@@ -87,6 +98,11 @@ struct Workspace {
   double* uniform_w = nullptr;        // [H]: sum_j c_j W_j, when filter_uniform and grad_x
   double* uniform_x = nullptr;        // [H + 1]: sum_i u_i x_i, then sum_i u_i
 };
+
+// Tile t's bf16 G (see Workspace::scores) for rows from r0: row stride 2V.
+inline const uint16_t* g_bf16_tile(const Workspace& ws, const Plan& plan, int64_t r0, int64_t j0) {
+  return reinterpret_cast<const uint16_t*>(ws.scores + r0 * plan.d.v) + 2 * j0;
+}
 
 size_t workspace_bytes(const Plan& plan, const Problem& p);
 Workspace carve_workspace(const Plan& plan, const Problem& p, void* base);

@@ -221,16 +221,17 @@ void grad_w_gemm(const Context& c, int64_t rows, int64_t j0, int64_t n) {
   GemmArgs g{};
   g.ab_dtype = plan.grad_gemm;
   const bool bf16 = plan.grad_gemm == Dtype::bf16;
-  const void* G = bf16 ? static_cast<const void*>(c.ws.g_bf16 + j0) : c.ws.scores + j0;
+  const void* G = bf16 ? static_cast<const void*>(g_bf16_tile(c.ws, plan, 0, j0)) : c.ws.scores + j0;
+  const int64_t ldg = bf16 ? 2 * V : V;
   const bool hv_direct = plan.grad_w_in_place && c.p.w_layout == WeightLayout::hv;
   if (hv_direct) {  // grad_W^T [H, n] += X_block^T [H, rows] G_t [rows, n]
     g.m = H, g.n = n, g.k = rows;
     g.a = c.ws.x_block_grad, g.lda = H, g.trans_a = true;
-    g.b = G, g.ldb = V, g.trans_b = false;
+    g.b = G, g.ldb = ldg, g.trans_b = false;
     g.c = static_cast<float*>(c.p.grad_w.data) + j0, g.ldc = c.p.grad_w.stride[0];
   } else {  // grad_W [n, H] += G_t^T [n, rows] X_block [rows, H]
     g.m = n, g.n = H, g.k = rows;
-    g.a = G, g.lda = V, g.trans_a = true;
+    g.a = G, g.lda = ldg, g.trans_a = true;
     g.b = c.ws.x_block_grad, g.ldb = H, g.trans_b = false;
     if (plan.grad_w_in_place) {
       g.c = static_cast<float*>(c.p.grad_w.data) + j0 * c.p.grad_w.stride[0];
@@ -266,14 +267,16 @@ void grad_logits_and_weights(const Context& c, int64_t i0, int64_t rows) {
     for (int64_t r = 0; r < rows; ++r) {
       if (!plan.filter) row_tile_grad(c, r, j0, n);
       const float* g = c.ws.scores + r * V + j0;
-      if (c.ws.g_bf16 && keep) f32_to_bf16_bits(g, n, c.ws.g_bf16 + r * V + j0);
       if (p.grad_logits.present())
         for (int64_t j = 0; j < n; ++j) store(p.grad_logits, i0 + r, j0 + j, g[j]);
     }
     if (c.ws.grad_b_acc)
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t j = 0; j < n; ++j) c.ws.grad_b_acc[j0 + j] += c.ws.scores[r * V + j0 + j];
-    if (p.grad_w.present() && keep) grad_w_gemm(c, rows, j0, n);
+    const bool gemms = !plan.d.logits_entry && keep;
+    if (gemms && plan.grad_gemm == Dtype::bf16)  // G to bf16 in place (Workspace::scores)
+      for (int64_t r = 0; r < rows; ++r) f32_to_bf16_in_place(c.ws.scores + r * V + j0, n);
+    if (p.grad_w.present() && gemms) grad_w_gemm(c, rows, j0, n);
   }
   if (plan.filter) count_filtered(c, i0, rows);
 }
@@ -281,14 +284,14 @@ void grad_logits_and_weights(const Context& c, int64_t i0, int64_t rows) {
 namespace {
 
 // grad_x[r0 .. r0+m, h0 .. h0+width] = G[r0 .., :] W[:, h0 ..] over the kept
-// vocab tiles (all of them unless the gradient filter dropped some): one GEMM
-// per run of consecutive kept tiles when W can be read in place, else tile by
-// tile (in order) from converted pieces of W.
+// vocab tiles (all of them unless the gradient filter dropped some). With f32
+// G and W read in place, one GEMM per run of consecutive kept tiles; else one
+// per tile, in order (bf16 G lies tile by tile, W pieces may be converted).
 void grad_hidden_task(const Context& c, int64_t r0, int64_t m, int64_t h0, int64_t width) {
   const Plan& plan = c.plan;
   const int64_t H = plan.d.h, V = plan.d.v;
   const bool bf16 = plan.grad_gemm == Dtype::bf16;
-  const bool in_place = c.p.w.dtype == plan.grad_gemm && c.p.w.stride[1] == 1;
+  const bool w_in_place = c.p.w.dtype == plan.grad_gemm && c.p.w.stride[1] == 1;
   auto kept = [&](int64_t t) { return !plan.filter || c.ws.kept[t]; };
   bool first = true;
   for (int64_t t0 = 0; t0 < plan.tiles;) {
@@ -297,15 +300,19 @@ void grad_hidden_task(const Context& c, int64_t r0, int64_t m, int64_t h0, int64
       continue;
     }
     int64_t t1 = t0 + 1;
-    if (in_place)
+    if (w_in_place && !bf16)
       while (t1 < plan.tiles && kept(t1)) ++t1;
     const int64_t j0 = t0 * kVocabTile, n = std::min(t1 * kVocabTile, V) - j0;
     const WPiece w = w_piece(c.p.w, c.p.w_layout, j0, n, h0, width, plan.grad_gemm, thread_scratch(c));
     GemmArgs g{};
     g.m = m, g.n = width, g.k = n;
     g.ab_dtype = plan.grad_gemm;
-    g.a = bf16 ? static_cast<const void*>(c.ws.g_bf16 + r0 * V + j0) : c.ws.scores + r0 * V + j0;
-    g.lda = V, g.trans_a = false;
+    if (bf16) {
+      g.a = g_bf16_tile(c.ws, plan, r0, j0), g.lda = 2 * V;
+    } else {
+      g.a = c.ws.scores + r0 * V + j0, g.lda = V;
+    }
+    g.trans_a = false;
     g.b = w.data, g.ldb = w.ld, g.trans_b = !w.vocab_major;
     g.c = c.ws.grad_x_block + r0 * H + h0, g.ldc = H;
     g.beta = first ? 0.0f : 1.0f;
