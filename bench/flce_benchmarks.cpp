@@ -6,8 +6,9 @@
 //   S4 Gemma-2-2B head   N = 1024, H = 2304, V = 256000, softcap 30
 // Benchmarks are named flce/<shape>/<dtype>/<pass>/threads:<T> and
 // gemm/<shape>/<dtype>/threads:<T>. Counters: items_per_second (tokens/s),
-// FLOPS (2NHV for fwd, 6NHV for bwd and step), peak_extra_bytes (the
-// backend's workspace) and ratio_to_gemm (seconds per pass over the GEMMs
+// FLOPS (2NHV for fwd, 6NHV for bwd and step), peak_extra_bytes (resident
+// memory the timed calls added, cli::PeakMemory), workspace_bytes (the
+// backend's scratch) and ratio_to_gemm (seconds per pass over the GEMMs
 // it cannot avoid, timed just before in the same process). bf16 runs cast
 // dlogits to bf16 (grad_logits_dtype = storage), as GPU kernels do, and
 // write f32 gradients, as mixed-precision training keeps f32 master weights.
@@ -52,6 +53,12 @@ flce::cli::BenchProblem& problem_for(const Shape& s, Dtype dtype) {
   return *current;
 }
 
+flce::Status call(const flce::Problem& p, Pass pass, const flce::RunConfig& config) {
+  return pass == Pass::forward    ? flce::forward(p, config)
+         : pass == Pass::backward ? flce::backward(p, config)
+                                  : flce::loss_and_grad(p, config);
+}
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -69,12 +76,12 @@ void run_pass(benchmark::State& state, const Shape& shape, Dtype dtype, Pass pas
   const double gemm_seconds =
       std::min(gemm, flce::cli::logits_gemm_seconds(*flce::cli::bench_engine(dtype, ""), cbp, threads));
   double total = 0;
-  flce::Status status;
+  flce::Status status = call(p, pass, config);  // warm-up: first touch of the outputs
+  flce::cli::PeakMemory peak;
+  peak.reset();
   for (auto _ : state) {
     const auto t0 = std::chrono::steady_clock::now();
-    status = pass == Pass::forward    ? flce::forward(p, config)
-             : pass == Pass::backward ? flce::backward(p, config)
-                                      : flce::loss_and_grad(p, config);
+    status = call(p, pass, config);
     total += seconds_since(t0);
     if (!status.ok()) {
       state.SkipWithError(status.error.c_str());
@@ -87,7 +94,8 @@ void run_pass(benchmark::State& state, const Shape& shape, Dtype dtype, Pass pas
   flce::workspace_size(p, pass, config, &workspace);
   state.SetItemsProcessed(int64_t(state.iterations()) * shape.n);
   state.counters["FLOPS"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["peak_extra_bytes"] = double(workspace);
+  state.counters["peak_extra_bytes"] = double(peak.extra_bytes());
+  state.counters["workspace_bytes"] = double(workspace);
   state.counters["ratio_to_gemm"] = total / double(state.iterations()) / (gemm_seconds * gemms);
   state.SetLabel(status.backend);
 }

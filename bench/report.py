@@ -7,7 +7,8 @@
 The table has one row per flce benchmark (shape, dtype, pass, threads):
 time per pass, tokens/s, GFLOP/s (2NHV forward, 6NHV backward and step),
 the ratio to the GEMMs the pass cannot avoid (timed in the same run), and
-the backend's workspace. The chart shows the fraction of the GEMM roofline
+the peak extra memory. A second table gives the speedup of the largest
+thread count over 1 thread for each shape, dtype and pass. The chart shows the fraction of the GEMM roofline
 each pass reaches (1 / ratio_to_gemm) per shape, at the largest thread
 count in the file. Needs Debian's python3-matplotlib for the chart only.
 """
@@ -30,7 +31,7 @@ def rows_of(report):
             "shape": m["shape"], "dtype": m["dtype"], "pass": m["pass_"],
             "threads": int(m["threads"]), "ms": b["real_time"] * to_ms,
             "tokens_per_s": b["items_per_second"], "gflops": b["FLOPS"] * 1e-9,
-            "ratio": b["ratio_to_gemm"], "workspace_mb": b["peak_extra_bytes"] / 2**20,
+            "ratio": b["ratio_to_gemm"], "extra_mb": b["peak_extra_bytes"] / 2**20,
         })
     return rows
 
@@ -38,12 +39,27 @@ def rows_of(report):
 def markdown(rows, context):
     out = [f"Machine: {context.get('num_cpus')} CPUs, {context.get('host_name')}, "
            f"load average {context.get('load_avg')}, {context.get('date')}.", "",
-           "| shape | dtype | pass | threads | ms | tokens/s | GFLOP/s | ratio to GEMM | workspace MiB |",
+           "| shape | dtype | pass | threads | ms | tokens/s | GFLOP/s | ratio to GEMM | peak extra MiB |",
            "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         out.append(f"| {r['shape']} | {r['dtype']} | {r['pass']} | {r['threads']} | {r['ms']:.1f} | "
                    f"{r['tokens_per_s']:.0f} | {r['gflops']:.1f} | {r['ratio']:.3f} | "
-                   f"{r['workspace_mb']:.1f} |")
+                   f"{r['extra_mb']:.1f} |")
+    return "\n".join(out) + "\n" + scaling(rows)
+
+
+def scaling(rows):
+    """Speedup of the most threads over 1 thread, per shape, dtype and pass."""
+    most = max(r["threads"] for r in rows)
+    if most == 1:
+        return ""
+    by = {(r["shape"], r["dtype"], r["pass"], r["threads"]): r["ms"] for r in rows}
+    out = ["", f"| shape | dtype | pass | 1 thread ms | {most} threads ms | speedup |",
+           "|---|---|---|---|---|---|"]
+    for (shape, dtype, pass_, threads), ms in by.items():
+        one = by.get((shape, dtype, pass_, 1))
+        if threads == most and one:
+            out.append(f"| {shape} | {dtype} | {pass_} | {one:.1f} | {ms:.1f} | {one / ms:.2f}x |")
     return "\n".join(out) + "\n"
 
 
@@ -66,7 +82,7 @@ def chart(rows, path):
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([i + width * (len(series) - 1) / 2 for i in range(len(shapes))], shapes)
     ax.set_ylabel("fraction of the GEMM roofline")
-    ax.set_title(f"flce cpu backend, {threads} thread(s)")
+    ax.set_title(f"flce cpu backend, {threads} thread(s): GEMM time / flce time")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
