@@ -303,6 +303,8 @@ int bench_command(int argc, char** argv, int first) {
       std::printf("usage: flce bench --n N --h H --v V [options]\n\n"
                   "Times a generated problem and, in the same run, its logits GEMM\n"
                   "(gemm_seconds counts it once for fwd and three times for bwd and step).\n"
+                  "With --filter-eps it also times the same pass unfiltered, alternating\n"
+                  "the two, and reports the norm-wise relative differences of the gradients.\n"
                   "With --backend cuda the problem is copied to GPU 0 once, each call is\n"
                   "timed to a device synchronize against cuBLAS' GEMM, and\n"
                   "peak_extra_bytes is the device workspace the call allocates.\n\n"
