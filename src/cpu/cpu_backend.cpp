@@ -68,10 +68,10 @@ void add_uniform_term(const cpu::Context& c) {
   const Problem& p = c.p;
   const int64_t H = c.plan.d.h, V = c.plan.d.v;
   const double* ux = c.ws.uniform_x;
+  const Tensor g = w_as_vh(p.grad_w, p.w_layout);  // f32 when accumulated in place
   for (int64_t j = 0; j < V && p.grad_w.present(); ++j) {
     const double c_j = c.ws.class_w ? c.ws.class_w[j] : 1.0;
     float* acc = c.ws.grad_w_acc ? c.ws.grad_w_acc + j * H : nullptr;
-    const Tensor g = w_as_vh(p.grad_w, p.w_layout);  // f32, accumulated in place
     for (int64_t h = 0; h < H; ++h) {
       float& v = acc ? acc[h] : static_cast<float*>(g.data)[j * g.stride[0] + h * g.stride[1]];
       v = float(v + c_j * ux[h]);

@@ -196,14 +196,16 @@ bool any_above(const float* g, int64_t n, float tau) {
   return above;
 }
 
-// The filter's block counts, and the row block's share of the smoothing's
-// rank-one term: sum_i u_i x_i (rows in order, in double) and sum_i u_i.
-void count_filtered(const Context& c, int64_t i0, int64_t rows) {
-  const Plan& plan = c.plan;
-  c.stats->grad_blocks += plan.tiles;
-  for (int64_t t = 0; t < plan.tiles; ++t) c.stats->grad_blocks_skipped += !c.ws.kept[t];
-  if (!plan.filter_uniform) return;
-  const int64_t H = plan.d.h;
+// The filter's block counts for this row block.
+void count_filtered(const Context& c) {
+  c.stats->grad_blocks += c.plan.tiles;
+  for (int64_t t = 0; t < c.plan.tiles; ++t) c.stats->grad_blocks_skipped += !c.ws.kept[t];
+}
+
+// The row block's share of label smoothing's rank-one term (Plan::
+// filter_uniform): sum_i u_i x_i (rows in order, in double) and sum_i u_i.
+void add_uniform_rows(const Context& c, int64_t i0, int64_t rows) {
+  const int64_t H = c.plan.d.h;
   std::vector<double> x(size_t(H), 0.0);
   for (int64_t r = 0; r < rows; ++r) {
     const double u = c.ws.rows[r].uniform;
@@ -255,21 +257,15 @@ void grad_logits_and_weights(const Context& c, int64_t i0, int64_t rows) {
 #pragma omp parallel for num_threads(plan.threads) schedule(static)
   for (int64_t t = 0; t < plan.tiles; ++t) {
     const int64_t j0 = t * kVocabTile, n = tile_width(plan, t);
-    bool keep = true;
-    if (plan.filter) {
-      keep = false;
-      for (int64_t r = 0; r < rows; ++r) {
-        row_tile_grad(c, r, j0, n);
-        keep = keep || any_above(c.ws.scores + r * V + j0, n, float(c.ws.rows[r].filter_tau));
-      }
-      c.ws.kept[t] = keep;
-    }
+    bool keep = !plan.filter;  // the filter keeps the tile if any row needs it
     for (int64_t r = 0; r < rows; ++r) {
-      if (!plan.filter) row_tile_grad(c, r, j0, n);
+      row_tile_grad(c, r, j0, n);
       const float* g = c.ws.scores + r * V + j0;
+      if (plan.filter) keep = keep || any_above(g, n, float(c.ws.rows[r].filter_tau));
       if (p.grad_logits.present())
         for (int64_t j = 0; j < n; ++j) store(p.grad_logits, i0 + r, j0 + j, g[j]);
     }
+    if (plan.filter) c.ws.kept[t] = keep;
     if (c.ws.grad_b_acc)
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t j = 0; j < n; ++j) c.ws.grad_b_acc[j0 + j] += c.ws.scores[r * V + j0 + j];
@@ -278,7 +274,8 @@ void grad_logits_and_weights(const Context& c, int64_t i0, int64_t rows) {
       for (int64_t r = 0; r < rows; ++r) f32_to_bf16_in_place(c.ws.scores + r * V + j0, n);
     if (p.grad_w.present() && gemms) grad_w_gemm(c, rows, j0, n);
   }
-  if (plan.filter) count_filtered(c, i0, rows);
+  if (plan.filter) count_filtered(c);
+  if (plan.filter_uniform) add_uniform_rows(c, i0, rows);
 }
 
 namespace {
