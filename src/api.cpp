@@ -1,4 +1,7 @@
 // The public calls: validate once, choose a backend, give it a workspace, run.
+#include <sys/mman.h>
+
+#include <cstdlib>
 #include <memory>
 
 #include "flce/backend.h"
@@ -8,6 +11,30 @@
 
 namespace flce {
 namespace {
+
+// Host scratch for one call, in 2 MiB-aligned memory that Linux may back
+// with huge pages (MADV_HUGEPAGE): a 48 MiB workspace then costs 24 page
+// faults instead of 12,288, which in a VM took about 45 ms per call.
+class HostScratch {
+ public:
+  HostScratch() = default;
+  HostScratch(const HostScratch&) = delete;
+  HostScratch& operator=(const HostScratch&) = delete;
+  ~HostScratch() { std::free(data_); }
+
+  void* allocate(size_t bytes) {
+    constexpr size_t kHuge = size_t(2) << 20;
+    const size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge;
+    data_ = std::aligned_alloc(kHuge, rounded);
+#ifdef MADV_HUGEPAGE
+    if (data_ != nullptr) madvise(data_, rounded, MADV_HUGEPAGE);  // advice only
+#endif
+    return data_;
+  }
+
+ private:
+  void* data_ = nullptr;
+};
 
 Status run_pass(const Problem& problem, Pass pass, const RunConfig& config) {
   Status status;
@@ -22,14 +49,13 @@ Status run_pass(const Problem& problem, Pass pass, const RunConfig& config) {
   status.backend = backend->name();
   const size_t need = backend->workspace_bytes(problem, pass, config);
   void* workspace = config.workspace;
-  std::unique_ptr<unsigned char[]> owned;
+  HostScratch owned;
   if (workspace == nullptr && need > 0 && backend->workspace_device() == Device::cpu) {
-    owned.reset(new (std::nothrow) unsigned char[need]);
-    if (!owned) {
+    workspace = owned.allocate(need);
+    if (workspace == nullptr) {
       status.error = "workspace: cannot allocate " + std::to_string(need) + " bytes";
       return status;
     }
-    workspace = owned.get();
   } else if (workspace != nullptr && config.workspace_bytes < need) {
     status.error = "workspace_bytes = " + std::to_string(config.workspace_bytes) +
                    ": the " + status.backend + " backend needs " + std::to_string(need);
