@@ -53,12 +53,6 @@ flce::cli::BenchProblem& problem_for(const Shape& s, Dtype dtype) {
   return *current;
 }
 
-flce::Status call(const flce::Problem& p, Pass pass, const flce::RunConfig& config) {
-  return pass == Pass::forward    ? flce::forward(p, config)
-         : pass == Pass::backward ? flce::backward(p, config)
-                                  : flce::loss_and_grad(p, config);
-}
-
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -76,12 +70,12 @@ void run_pass(benchmark::State& state, const Shape& shape, Dtype dtype, Pass pas
   const double gemm_seconds =
       std::min(gemm, flce::cli::logits_gemm_seconds(*flce::cli::bench_engine(dtype, ""), cbp, threads));
   double total = 0;
-  flce::Status status = call(p, pass, config);  // warm-up: first touch of the outputs
+  flce::Status status = flce::cli::call_pass(p, pass, config);  // warm-up: first touch of the outputs
   flce::cli::PeakMemory peak;
   peak.reset();
   for (auto _ : state) {
     const auto t0 = std::chrono::steady_clock::now();
-    status = call(p, pass, config);
+    status = flce::cli::call_pass(p, pass, config);
     total += seconds_since(t0);
     if (!status.ok()) {
       state.SkipWithError(status.error.c_str());

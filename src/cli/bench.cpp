@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cli/args.h"
@@ -56,6 +57,11 @@ struct Timing {
   double median = 0, min = 0;
 };
 
+Timing timing_of(std::vector<double> seconds) {  // at least one
+  std::sort(seconds.begin(), seconds.end());
+  return {seconds[seconds.size() / 2], seconds.front()};
+}
+
 // Median and minimum of `reps` timed calls after an optional warm-up (first
 // touch of buffers, GEMM primitive creation); `after_warmup` runs between.
 template <typename F, typename G = void (*)()>
@@ -68,8 +74,7 @@ Timing time_reps(int reps, bool warmup, F&& f, G&& after_warmup = [] {}) {
     f();
     t.push_back(now() - t0);
   }
-  std::sort(t.begin(), t.end());
-  return {t[t.size() / 2], t.front()};
+  return timing_of(std::move(t));
 }
 
 struct Setup;
@@ -131,13 +136,7 @@ Timing gemm_timing(const Setup& s, const cpu::GemmEngine& engine, const BenchPro
   if (s.warmup) logits_gemm_seconds(engine, bp, s.threads);
   std::vector<double> t;
   for (int r = 0; r < s.reps; ++r) t.push_back(logits_gemm_seconds(engine, bp, s.threads));
-  std::sort(t.begin(), t.end());
-  return {t[t.size() / 2], t.front()};
-}
-
-Status call(const Problem& p, Pass pass, const RunConfig& config) {
-  return pass == Pass::forward ? forward(p, config)
-         : pass == Pass::backward ? backward(p, config) : loss_and_grad(p, config);
+  return timing_of(std::move(t));
 }
 
 // --filter-eps: the filtered pass against the same pass unfiltered, timed
@@ -181,13 +180,9 @@ FilterReport compare_with_unfiltered(const Setup& s, const Problem& filtered, Ru
     run(filtered);
     with.push_back(now() - t0);
   }
-  auto timing = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return Timing{v[v.size() / 2], v.front()};
-  };
   r.peak_extra = peak.extra_bytes();
-  *t = timing(with);
-  r.unfiltered = timing(without);
+  *t = timing_of(std::move(with));
+  r.unfiltered = timing_of(std::move(without));
   const std::vector<double> gx = values_of(filtered.grad_x), gw = values_of(filtered.grad_w);
   run(unfiltered);
   r.rel_diff_grad_x = relative_difference(gx, values_of(unfiltered.grad_x));
@@ -248,7 +243,7 @@ int run_bench_on_device(const Setup& s, Pass pass, BenchProblem& bp) {
   Status st = workspace_size(p, pass, s.config, &workspace);
   if (!st.ok()) throw Failure{st.error};
   const Timing t = time_reps(s.reps, s.warmup, [&] {
-    st = call(p, pass, s.config);
+    st = call_pass(p, pass, s.config);
     if (!st.ok()) throw Failure{st.error};
     check(cuda::synchronize());
   });
@@ -272,7 +267,7 @@ int run_bench(const Args& args) {
   Status st = workspace_size(p, pass, s.config, &workspace);
   if (!st.ok()) throw Failure{st.error};
   auto run = [&](const Problem& q) {
-    st = call(q, pass, s.config);
+    st = call_pass(q, pass, s.config);
     if (!st.ok()) throw Failure{st.error};
   };
   PeakMemory peak;

@@ -93,6 +93,12 @@ Problem BenchProblem::problem(Pass pass) {
   return p;
 }
 
+Status call_pass(const Problem& p, Pass pass, const RunConfig& config) {
+  return pass == Pass::forward    ? forward(p, config)
+         : pass == Pass::backward ? backward(p, config)
+                                  : loss_and_grad(p, config);
+}
+
 double logits_gemm_seconds(const cpu::GemmEngine& engine, const BenchProblem& p, int threads) {
   const int64_t rows = 4096, cols = 2048;
   const int64_t row_blocks = (p.n + rows - 1) / rows, col_blocks = (p.v + cols - 1) / cols;

@@ -57,6 +57,9 @@ class BenchProblem {
 // the fastest way the cpu backend could run it, in bounded memory.
 double logits_gemm_seconds(const cpu::GemmEngine& engine, const BenchProblem& p, int threads);
 
+// forward, backward or loss_and_grad, by `pass`.
+Status call_pass(const Problem& p, Pass pass, const RunConfig& config);
+
 // Peak resident memory over a stretch of code, from Linux's VmHWM after
 // resetting it (/proc/self/clear_refs). Memory first touched before reset()
 // (inputs, outputs, gradients, all touched by a warm-up call) is not

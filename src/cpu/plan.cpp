@@ -86,7 +86,7 @@ Plan make_plan(const Problem& p, Pass pass, const RunConfig& config) {
 namespace {
 
 // Sizes in bytes of each workspace piece, in carve order.
-constexpr int kPieces = 16;
+constexpr int kPieces = 15;
 struct Sizes {
   size_t bytes[kPieces] = {};
 };
@@ -97,21 +97,20 @@ Sizes sizes_of(const Plan& plan, const Problem& p) {
   const size_t logits_elt = dtype_size(plan.logits_gemm), grad_elt = dtype_size(plan.grad_gemm);
   Sizes s;
   s.bytes[0] = size_t(R * V) * 4;
-  s.bytes[1] = 0;  // unused (was a separate bf16 copy of G)
-  s.bytes[2] = size_t(R * H) * logits_elt;
-  s.bytes[3] = grads && plan.grad_gemm != plan.logits_gemm ? size_t(R * H) * grad_elt : 0;
-  s.bytes[4] = size_t(plan.threads) * size_t(kVocabTile * H) * 4;
-  s.bytes[5] = grads && p.grad_x.present() ? size_t(R * H) * 4 : 0;
-  s.bytes[6] = size_t(R * plan.tiles) * sizeof(simd::SoftmaxState);
-  s.bytes[7] = size_t(R) * sizeof(RowInfo);
-  s.bytes[8] = size_t(N) * sizeof(double);
-  s.bytes[9] = grads && p.grad_w.present() && !plan.grad_w_in_place ? size_t(V * H) * 4 : 0;
-  s.bytes[10] = grads && p.grad_bias.present() ? size_t(V) * sizeof(double) : 0;
-  s.bytes[11] = p.class_weights.present() ? size_t(V) * 4 : 0;
-  s.bytes[12] = p.bias.present() ? size_t(V) * 4 : 0;
-  s.bytes[13] = plan.filter ? size_t(plan.tiles) : 0;
-  s.bytes[14] = plan.filter_uniform && p.grad_x.present() ? size_t(H) * sizeof(double) : 0;
-  s.bytes[15] = plan.filter_uniform ? size_t(H + 1) * sizeof(double) : 0;
+  s.bytes[1] = size_t(R * H) * logits_elt;
+  s.bytes[2] = grads && plan.grad_gemm != plan.logits_gemm ? size_t(R * H) * grad_elt : 0;
+  s.bytes[3] = size_t(plan.threads) * size_t(kVocabTile * H) * 4;
+  s.bytes[4] = grads && p.grad_x.present() ? size_t(R * H) * 4 : 0;
+  s.bytes[5] = size_t(R * plan.tiles) * sizeof(simd::SoftmaxState);
+  s.bytes[6] = size_t(R) * sizeof(RowInfo);
+  s.bytes[7] = size_t(N) * sizeof(double);
+  s.bytes[8] = grads && p.grad_w.present() && !plan.grad_w_in_place ? size_t(V * H) * 4 : 0;
+  s.bytes[9] = grads && p.grad_bias.present() ? size_t(V) * sizeof(double) : 0;
+  s.bytes[10] = p.class_weights.present() ? size_t(V) * 4 : 0;
+  s.bytes[11] = p.bias.present() ? size_t(V) * 4 : 0;
+  s.bytes[12] = plan.filter ? size_t(plan.tiles) : 0;
+  s.bytes[13] = plan.filter_uniform && p.grad_x.present() ? size_t(H) * sizeof(double) : 0;
+  s.bytes[14] = plan.filter_uniform ? size_t(H + 1) * sizeof(double) : 0;
   return s;
 }
 
@@ -136,20 +135,20 @@ Workspace carve_workspace(const Plan& plan, const Problem& p, void* base) {
   }
   Workspace w;
   w.scores = static_cast<float*>(piece[0]);
-  w.x_block = piece[2];
-  w.x_block_grad = piece[3] ? piece[3] : piece[2];
-  w.w_scratch = piece[4];
-  w.grad_x_block = static_cast<float*>(piece[5]);
-  w.states = static_cast<simd::SoftmaxState*>(piece[6]);
-  w.rows = static_cast<RowInfo*>(piece[7]);
-  w.row_loss = static_cast<double*>(piece[8]);
-  w.grad_w_acc = static_cast<float*>(piece[9]);
-  w.grad_b_acc = static_cast<double*>(piece[10]);
-  w.class_w = static_cast<float*>(piece[11]);
-  w.bias = static_cast<float*>(piece[12]);
-  w.kept = static_cast<uint8_t*>(piece[13]);
-  w.uniform_w = static_cast<double*>(piece[14]);
-  w.uniform_x = static_cast<double*>(piece[15]);
+  w.x_block = piece[1];
+  w.x_block_grad = piece[2] ? piece[2] : piece[1];
+  w.w_scratch = piece[3];
+  w.grad_x_block = static_cast<float*>(piece[4]);
+  w.states = static_cast<simd::SoftmaxState*>(piece[5]);
+  w.rows = static_cast<RowInfo*>(piece[6]);
+  w.row_loss = static_cast<double*>(piece[7]);
+  w.grad_w_acc = static_cast<float*>(piece[8]);
+  w.grad_b_acc = static_cast<double*>(piece[9]);
+  w.class_w = static_cast<float*>(piece[10]);
+  w.bias = static_cast<float*>(piece[11]);
+  w.kept = static_cast<uint8_t*>(piece[12]);
+  w.uniform_w = static_cast<double*>(piece[13]);
+  w.uniform_x = static_cast<double*>(piece[14]);
   return w;
 }
 
