@@ -7,7 +7,9 @@ the same thread count, on the same random data.
         [--n 4096 --h 768 --v 50257] [--threads 2] [--reps 3] [--dtypes f32,bf16]
 
 PyTorch eager is F.cross_entropy(F.linear(x, W), y) then backward(), in the
-storage dtype (it materializes the [N, V] logits). flce is
+storage dtype (it materializes the [N, V] logits). With --upcast, bf16 eager
+is F.cross_entropy(F.linear(x, W).float(), y), the loss in f32 as Hugging
+Face models compute it and as the CUDA benchmark's eager baseline does. flce is
 flce.loss_and_grad(x, W, y) on the cpu backend with gradients in the storage
 dtype; for bf16 with grad_logits_dtype='storage' (bf16 dlogits, as the eager
 bf16 step has). Times are medians of --reps after one warm-up of each; the
@@ -35,6 +37,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--dtypes", default="f32,bf16")
+    ap.add_argument("--upcast", action="store_true",
+                    help="eager computes the loss on f32 logits (.float()) in bf16")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(0)
@@ -49,7 +53,8 @@ def main():
 
         def eager():
             xe.grad = we.grad = None
-            loss = F.cross_entropy(F.linear(xe, we), y)
+            logits = F.linear(xe, we)
+            loss = F.cross_entropy(logits.float() if args.upcast else logits, y)
             loss.backward()
             return loss.item()
 
@@ -67,7 +72,8 @@ def main():
                 fn()
                 times[label].append(time.perf_counter() - start)
         te, tf = statistics.median(times["eager"]), statistics.median(times["flce"])
-        print(f"{name}: eager step {te:.3f} s, flce step {tf:.3f} s, eager / flce = {te / tf:.2f} "
+        eager_form = "eager (f32 loss)" if args.upcast and name != "f32" else "eager"
+        print(f"{name}: {eager_form} step {te:.3f} s, flce step {tf:.3f} s, eager / flce = {te / tf:.2f} "
               f"(loss eager {losses['eager']:.6f}, flce {losses['flce']:.6f})", flush=True)
 
 
