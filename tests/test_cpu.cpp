@@ -187,9 +187,16 @@ TEST(CpuTiles, RowsAroundTheRowBlock) {
                        .reduction(Reduction::none).with_grad_loss());
 }
 
-TEST(CpuTiles, HiddenAroundTheChunk) {
-  for (int64_t h : {int64_t(1), flce::cpu::kHiddenChunk, flce::cpu::kHiddenChunk + 1})
-    check(head(4, h, 33).with_bias().problem(), head(4, h, 33).storage());
+// grad_x tasks (Plan::h_chunk): H in up to kGradXTasks chunks of at least
+// kMinHiddenChunk columns, rounded up to 16, then rows in groups; H around
+// those edges (short last chunks) and N not a multiple of the groups.
+TEST(CpuTiles, HiddenAroundTheChunks) {
+  const int64_t c = flce::cpu::kMinHiddenChunk, tasks = flce::cpu::kGradXTasks;
+  for (int64_t h : {int64_t(1), c - 1, c, c + 1, 2 * c + 1, tasks * c + 1, tasks * c + 33})
+    for (int64_t n : {int64_t(4), int64_t(7)}) {
+      SCOPED_TRACE("N = " + std::to_string(n) + ", H = " + std::to_string(h));
+      check(head(n, h, 33).with_bias().problem(), head(n, h, 33).storage());
+    }
 }
 
 TEST(CpuEdge, LargeLogits) {

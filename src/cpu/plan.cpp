@@ -79,7 +79,11 @@ Plan make_plan(const Problem& p, Pass pass, const RunConfig& config) {
   if (rows >= 16) rows -= rows % 16;  // whole GEMM register blocks
   plan.row_block = std::min(rows, plan.d.n);
   plan.tiles = (V + kVocabTile - 1) / kVocabTile;
-  plan.h_chunks = (plan.d.h + kHiddenChunk - 1) / kHiddenChunk;
+  const int64_t H = std::max<int64_t>(plan.d.h, 1);  // the logits entry has no H
+  const int64_t chunks = std::clamp<int64_t>(H / kMinHiddenChunk, 1, kGradXTasks);
+  plan.h_chunk = std::min(H, ((H + chunks - 1) / chunks + 15) / 16 * 16);
+  plan.h_chunks = (H + plan.h_chunk - 1) / plan.h_chunk;
+  plan.row_groups = std::max<int64_t>(1, kGradXTasks / plan.h_chunks);
   return plan;
 }
 

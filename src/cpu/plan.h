@@ -24,16 +24,22 @@ namespace flce::cpu {
 constexpr int64_t kScoreBudgetBytes = int64_t(48) << 20;
 constexpr int64_t kMaxRowBlock = 256;
 constexpr int64_t kVocabTile = 512;    // columns per tile: a GEMM's n, a kernel call's length
-constexpr int64_t kHiddenChunk = 256;  // columns of grad_x per task
-constexpr int64_t kGradXRows = 16;     // fewest rows of grad_x per task
-constexpr int64_t kGradXTasks = 16;    // grad_x tasks to aim for per row block
+// grad_x = G W splits into kGradXTasks pieces of [R, H]: hidden chunks of at
+// least kMinHiddenChunk columns, then row groups. Each task streams the whole
+// of its rows' G (K = V), so fewer, wider tasks move less memory: on 2 cores
+// 4 tasks took 0.67 s -> 0.52 s of grad_x at S1 bf16 (16 tasks before), and
+// 2.3 -> 1.9 s at S2. More cores would want more tasks; not tuned there.
+constexpr int64_t kGradXTasks = 4;
+constexpr int64_t kMinHiddenChunk = 64;
 
 struct Plan {
   Dims d;
   Pass pass;
   int64_t row_block = 0;  // R: rows per block
   int64_t tiles = 0;      // ceil(V / kVocabTile)
-  int64_t h_chunks = 0;   // ceil(H / kHiddenChunk)
+  int64_t h_chunk = 0;    // grad_x task width (columns of H)
+  int64_t h_chunks = 0;   // ceil(H / h_chunk)
+  int64_t row_groups = 0; // grad_x tasks per hidden chunk
   int threads = 1;
   Dtype storage = Dtype::f32;      // dtype of x, W (or logits)
   Dtype logits_gemm = Dtype::f32;  // f32 or bf16: X and W in U = X W^T
@@ -81,7 +87,9 @@ struct Workspace {
   // [R, V]: s, then G in place. For bf16 gradient GEMMs each tile's G is
   // then converted in place to bf16, at the start of its own f32 span: as a
   // bf16 matrix, columns j0 .. j0+n of tile t sit at 2 j0 .. 2 j0+n of rows
-  // 2V apart (g_bf16_tile()).
+  // 2V apart (g_bf16_tile()). Once every tile's grad_W GEMM has read it,
+  // each row's tiles move left to lie contiguous, columns 0 .. V at 0 .. V
+  // (g_bf16_rows()), so that grad_x takes one GEMM over many tiles.
   float* scores = nullptr;
   void* x_block = nullptr;            // [R, H] in logits_gemm dtype
   void* x_block_grad = nullptr;       // [R, H] in grad_gemm dtype, when it differs
@@ -102,6 +110,12 @@ struct Workspace {
 // Tile t's bf16 G (see Workspace::scores) for rows from r0: row stride 2V.
 inline const uint16_t* g_bf16_tile(const Workspace& ws, const Plan& plan, int64_t r0, int64_t j0) {
   return reinterpret_cast<const uint16_t*>(ws.scores + r0 * plan.d.v) + 2 * j0;
+}
+
+// Compacted bf16 G (see Workspace::scores) from row r0 and column j0: row
+// stride 2V.
+inline const uint16_t* g_bf16_rows(const Workspace& ws, const Plan& plan, int64_t r0, int64_t j0) {
+  return reinterpret_cast<const uint16_t*>(ws.scores + r0 * plan.d.v) + j0;
 }
 
 size_t workspace_bytes(const Plan& plan, const Problem& p);

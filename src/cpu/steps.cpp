@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -246,6 +247,20 @@ void grad_w_gemm(const Context& c, int64_t rows, int64_t j0, int64_t n) {
   plan.gemm->run(g);
 }
 
+// Moves each row's bf16 G tiles left, from 2 j0 to j0 (Workspace::scores).
+// In tile order every destination ends before the next tile's source starts.
+void compact_bf16_rows(const Context& c, int64_t rows) {
+  const Plan& plan = c.plan;
+#pragma omp parallel for num_threads(plan.threads) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    auto* row = reinterpret_cast<uint16_t*>(c.ws.scores + r * plan.d.v);
+    for (int64_t t = 1; t < plan.tiles; ++t) {
+      const int64_t j0 = t * kVocabTile;
+      std::memmove(row + j0, row + 2 * j0, size_t(tile_width(plan, t)) * 2);
+    }
+  }
+}
+
 }  // namespace
 
 void grad_logits_and_weights(const Context& c, int64_t i0, int64_t rows) {
@@ -276,14 +291,16 @@ void grad_logits_and_weights(const Context& c, int64_t i0, int64_t rows) {
   }
   if (plan.filter) count_filtered(c);
   if (plan.filter_uniform) add_uniform_rows(c, i0, rows);
+  if (!plan.d.logits_entry && plan.grad_gemm == Dtype::bf16 && p.grad_x.present())
+    compact_bf16_rows(c, rows);
 }
 
 namespace {
 
 // grad_x[r0 .. r0+m, h0 .. h0+width] = G[r0 .., :] W[:, h0 ..] over the kept
-// vocab tiles (all of them unless the gradient filter dropped some). With f32
-// G and W read in place, one GEMM per run of consecutive kept tiles; else one
-// per tile, in order (bf16 G lies tile by tile, W pieces may be converted).
+// vocab tiles (all of them unless the gradient filter dropped some). With W
+// read in place, one GEMM per run of consecutive kept tiles; else one per
+// tile, in order (W pieces are converted tile by tile).
 void grad_hidden_task(const Context& c, int64_t r0, int64_t m, int64_t h0, int64_t width) {
   const Plan& plan = c.plan;
   const int64_t H = plan.d.h, V = plan.d.v;
@@ -297,7 +314,7 @@ void grad_hidden_task(const Context& c, int64_t r0, int64_t m, int64_t h0, int64
       continue;
     }
     int64_t t1 = t0 + 1;
-    if (w_in_place && !bf16)
+    if (w_in_place)
       while (t1 < plan.tiles && kept(t1)) ++t1;
     const int64_t j0 = t0 * kVocabTile, n = std::min(t1 * kVocabTile, V) - j0;
     const WPiece w = w_piece(c.p.w, c.p.w_layout, j0, n, h0, width, plan.grad_gemm, thread_scratch(c));
@@ -305,7 +322,7 @@ void grad_hidden_task(const Context& c, int64_t r0, int64_t m, int64_t h0, int64
     g.m = m, g.n = width, g.k = n;
     g.ab_dtype = plan.grad_gemm;
     if (bf16) {
-      g.a = g_bf16_tile(c.ws, plan, r0, j0), g.lda = 2 * V;
+      g.a = g_bf16_rows(c.ws, plan, r0, j0), g.lda = 2 * V;
     } else {
       g.a = c.ws.scores + r0 * V + j0, g.lda = V;
     }
@@ -326,16 +343,13 @@ void grad_hidden_task(const Context& c, int64_t r0, int64_t m, int64_t h0, int64
 void grad_hidden(const Context& c, int64_t i0, int64_t rows) {
   const Plan& plan = c.plan;
   const int64_t H = plan.d.h;
-  // Tasks: row groups by chunks of kHiddenChunk columns, about kGradXTasks
-  // of them. Each task reads all of W's chunk, so rows are split only as far
-  // as needed for parallelism; the split depends on the problem alone.
-  const int64_t split = std::max<int64_t>(1, kGradXTasks / plan.h_chunks);
-  const int64_t group = std::max(kGradXRows, (rows + split - 1) / split);
+  // Tasks: plan.row_groups row groups by plan.h_chunks hidden chunks (Plan).
+  const int64_t group = (rows + plan.row_groups - 1) / plan.row_groups;
   const int64_t row_groups = (rows + group - 1) / group;
 #pragma omp parallel for num_threads(plan.threads) schedule(static)
   for (int64_t task = 0; task < row_groups * plan.h_chunks; ++task) {
     const int64_t r0 = (task / plan.h_chunks) * group, m = std::min(group, rows - r0);
-    const int64_t h0 = (task % plan.h_chunks) * kHiddenChunk, width = std::min(kHiddenChunk, H - h0);
+    const int64_t h0 = (task % plan.h_chunks) * plan.h_chunk, width = std::min(plan.h_chunk, H - h0);
     grad_hidden_task(c, r0, m, h0, width);
   }
   for (int64_t r = 0; r < rows; ++r) {
