@@ -7,8 +7,10 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <vector>
 
 #include "common/float16.h"
+#include "cpu/operands.h"
 
 namespace flce {
 namespace {
@@ -113,6 +115,47 @@ TEST(Float16, OverflowSubnormalsAndSpecials) {
   EXPECT_TRUE(std::isnan(f16_to_f32(f64_to_f16(-NAN))));
   EXPECT_EQ(f16_to_f32(0x3C00), 1.0f);
   EXPECT_EQ(f16_to_f32(0x8001), -std::ldexp(1.0f, -24));
+}
+
+// The cpu backend's bf16 conversions (vector clones, branch-free) against
+// f32_to_bf16: every f32 pattern, in 4096-element calls.
+TEST(Float16, CpuBf16ConversionsMatchEveryPattern) {
+  std::vector<float> in(4096), rounded(4096);
+  std::vector<uint16_t> bits(4096);
+  for (uint64_t start = 0; start < (uint64_t(1) << 32); start += in.size()) {
+    for (size_t i = 0; i < in.size(); ++i) in[i] = float_of(uint32_t(start + i));
+    cpu::f32_to_bf16_bits(in.data(), int64_t(in.size()), bits.data());
+    rounded = in;
+    cpu::round_to_storage(rounded.data(), int64_t(rounded.size()), Dtype::bf16);
+    for (size_t i = 0; i < in.size(); ++i) {
+      const uint16_t want = f32_to_bf16(in[i]);
+      if (std::isnan(in[i])) {  // a quiet NaN of the same sign; payloads may differ
+        ASSERT_TRUE((bits[i] & 0x7FC0) == 0x7FC0 && (bits[i] >> 15) == (want >> 15)) << start + i;
+        ASSERT_EQ(bits_of(rounded[i]), uint32_t(bits[i]) << 16) << "pattern " << start + i;
+        continue;
+      }
+      ASSERT_EQ(bits[i], want) << "pattern " << start + i;
+      ASSERT_EQ(bits_of(rounded[i]), uint32_t(want) << 16) << "pattern " << start + i;
+    }
+  }
+}
+
+// Every length and start offset around the vector widths, in place
+// (f32_to_bf16_in_place) and out of place, nothing written past the end.
+TEST(Float16, CpuBf16ConversionsAnyLengthAndOffset) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 100.0f);
+  for (int64_t offset = 0; offset < 17; ++offset)
+    for (int64_t n = 1; n <= 600; n += (n < 70 ? 1 : 37)) {
+      std::vector<float> values(size_t(offset + n + 16), 1.5f);
+      for (int64_t i = 0; i < n; ++i) values[size_t(offset + i)] = normal(rng);
+      const std::vector<float> before = values;
+      cpu::f32_to_bf16_in_place(values.data() + offset, n);
+      const auto* packed = reinterpret_cast<const uint16_t*>(values.data() + offset);
+      for (int64_t i = 0; i < n; ++i)
+        ASSERT_EQ(packed[i], f32_to_bf16(before[size_t(offset + i)])) << "n " << n << " i " << i;
+      for (size_t i = size_t(offset + n); i < values.size(); ++i) ASSERT_EQ(values[i], 1.5f);
+    }
 }
 
 }  // namespace

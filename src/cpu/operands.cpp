@@ -100,16 +100,48 @@ WPiece w_piece(const Tensor& w, WeightLayout layout, int64_t j0, int64_t n, int6
   return {scratch, hc, true};
 }
 
+namespace {
+
+// The bf16 conversions run over every dlogit of a bf16 training step, so
+// they are compiled for AVX-512 and AVX2 too (GCC picks a clone at load
+// time). They are integer operations: every clone gives the same bits.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define FLCE_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define FLCE_VECTOR_CLONES
+#endif
+
+// bf16_of without a branch, on the f32 bits: the bf16 is the upper half.
+inline uint32_t bf16_rounded_bits(uint32_t u) {
+  const uint32_t nearest_even = u + 0x7FFF + ((u >> 16) & 1);
+  return (u & 0x7FFFFFFF) > 0x7F800000 ? (u | 0x400000) : nearest_even;
+}
+
+FLCE_VECTOR_CLONES void round_to_bf16(float* values, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, values + i, 4);
+    u = bf16_rounded_bits(u) & 0xFFFF0000u;
+    std::memcpy(values + i, &u, 4);
+  }
+}
+
+}  // namespace
+
 void round_to_storage(float* values, int64_t n, Dtype storage) {
   if (storage == Dtype::bf16) {
-    for (int64_t i = 0; i < n; ++i) values[i] = f32_of_bits(uint32_t(bf16_of(values[i])) << 16);
+    round_to_bf16(values, n);
   } else if (storage == Dtype::f16) {
     for (int64_t i = 0; i < n; ++i) values[i] = f32_of_f16(f32_to_f16(values[i]));
   }
 }
 
-void f32_to_bf16_bits(const float* in, int64_t n, uint16_t* out) {
-  for (int64_t i = 0; i < n; ++i) out[i] = bf16_of(in[i]);
+FLCE_VECTOR_CLONES void f32_to_bf16_bits(const float* in, int64_t n, uint16_t* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, in + i, 4);
+    out[i] = uint16_t(bf16_rounded_bits(u) >> 16);
+  }
 }
 
 void f32_to_bf16_in_place(float* values, int64_t n) {
