@@ -60,9 +60,11 @@ void scores_and_states(const Context& c, int64_t i0, int64_t rows) {
     }
     const float* bias = c.ws.bias ? c.ws.bias + j0 : nullptr;
     const float* class_w = c.ws.class_w ? c.ws.class_w + j0 : nullptr;
+    // s = u exactly without a bias, scale or softcap: no pass needed.
+    const bool identity = !bias && o.logit_scale == 1 && !(o.softcap > 0);
     for (int64_t r = 0; r < rows; ++r) {
       float* s = c.ws.scores + r * V + j0;
-      plan.kernels->scores(s, bias, n, float(o.logit_scale), float(o.softcap));
+      if (!identity) plan.kernels->scores(s, bias, n, float(o.logit_scale), float(o.softcap));
       simd::SoftmaxState* st = c.ws.states + r * plan.tiles + t;
       simd::softmax_state_init(st);
       plan.kernels->online_softmax(s, class_w, n, j0, st);
