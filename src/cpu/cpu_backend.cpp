@@ -2,8 +2,9 @@
 // tile gives the block's scores, SIMD kernels fold them into per-tile softmax
 // states that merge in tile order; for gradients the scores become dlogits in
 // place and feed the grad_W GEMM (one owner per vocab tile) and the grad_x
-// GEMM (one owner per hidden chunk). Memory: the [R, V] scores (R chosen from
-// a 32 MiB budget), per-thread W tiles, O(N) row losses, and an f32 grad_W
+// GEMM (one owner per task of Plan::h_chunk columns). Memory: the [R, V]
+// scores (R chosen from a 48 MiB budget; a forward pass keeps one tile per
+// thread instead), per-thread W tiles, O(N) row losses, and an f32 grad_W
 // accumulator only when grad_w is not f32.
 #include "cpu/cpu_backend.h"
 

@@ -75,9 +75,10 @@ Plan make_plan(const Problem& p, Pass pass, const RunConfig& config) {
 
   const int64_t V = plan.d.v;
   const int64_t fit = score_budget_bytes() / (V * 4);
-  int64_t rows = std::clamp<int64_t>(fit, 1, kMaxRowBlock);
+  plan.tile_scores = pass == Pass::forward;
+  int64_t rows = plan.tile_scores ? kMaxRowBlock : std::clamp<int64_t>(fit, 1, kMaxRowBlock);
   if (rows >= 16) rows -= rows % 16;  // whole GEMM register blocks
-  plan.row_block = std::min(rows, plan.d.n);
+  plan.row_block = plan.tile_scores ? rows : std::min(rows, plan.d.n);
   plan.tiles = (V + kVocabTile - 1) / kVocabTile;
   const int64_t H = std::max<int64_t>(plan.d.h, 1);  // the logits entry has no H
   const int64_t chunks = std::clamp<int64_t>(H / kMinHiddenChunk, 1, kGradXTasks);
@@ -90,7 +91,7 @@ Plan make_plan(const Problem& p, Pass pass, const RunConfig& config) {
 namespace {
 
 // Sizes in bytes of each workspace piece, in carve order.
-constexpr int kPieces = 15;
+constexpr int kPieces = 16;
 struct Sizes {
   size_t bytes[kPieces] = {};
 };
@@ -100,7 +101,7 @@ Sizes sizes_of(const Plan& plan, const Problem& p) {
   const bool grads = plan.pass != Pass::forward;
   const size_t logits_elt = dtype_size(plan.logits_gemm), grad_elt = dtype_size(plan.grad_gemm);
   Sizes s;
-  s.bytes[0] = size_t(R * V) * 4;
+  s.bytes[0] = plan.tile_scores ? size_t(plan.threads) * size_t(R * kVocabTile) * 4 : size_t(R * V) * 4;
   s.bytes[1] = size_t(R * H) * logits_elt;
   s.bytes[2] = grads && plan.grad_gemm != plan.logits_gemm ? size_t(R * H) * grad_elt : 0;
   s.bytes[3] = size_t(plan.threads) * size_t(kVocabTile * H) * 4;
@@ -115,6 +116,7 @@ Sizes sizes_of(const Plan& plan, const Problem& p) {
   s.bytes[12] = plan.filter ? size_t(plan.tiles) : 0;
   s.bytes[13] = plan.filter_uniform && p.grad_x.present() ? size_t(H) * sizeof(double) : 0;
   s.bytes[14] = plan.filter_uniform ? size_t(H + 1) * sizeof(double) : 0;
+  s.bytes[15] = plan.tile_scores ? size_t(R) * 4 : 0;
   return s;
 }
 
@@ -153,6 +155,7 @@ Workspace carve_workspace(const Plan& plan, const Problem& p, void* base) {
   w.kept = static_cast<uint8_t*>(piece[12]);
   w.uniform_w = static_cast<double*>(piece[13]);
   w.uniform_x = static_cast<double*>(piece[14]);
+  w.label_score = static_cast<float*>(piece[15]);
   return w;
 }
 

@@ -36,6 +36,15 @@ struct Plan {
   Dims d;
   Pass pass;
   int64_t row_block = 0;  // R: rows per block
+  // A forward pass folds each tile as soon as its GEMM is done, so its
+  // scores are one [R, kVocabTile] tile per thread, not an [R, V] block, and
+  // R is kMaxRowBlock whatever V or N (each W tile then serves more rows:
+  // S2 bf16 forward 2.0 s -> 1.5 s). Every logits GEMM then has R rows, a
+  // short block padded with zero rows, because the GEMM engines round a
+  // row differently by the call's row count (oneDNN's one-row calls): so a
+  // row's forward outputs do not depend on the rows around it (flce eval's
+  // blocks give flce run's bits).
+  bool tile_scores = false;
   int64_t tiles = 0;      // ceil(V / kVocabTile)
   int64_t h_chunk = 0;    // grad_x task width (columns of H)
   int64_t h_chunks = 0;   // ceil(H / h_chunk)
@@ -90,7 +99,9 @@ struct Workspace {
   // 2V apart (g_bf16_tile()). Once every tile's grad_W GEMM has read it,
   // each row's tiles move left to lie contiguous, columns 0 .. V at 0 .. V
   // (g_bf16_rows()), so that grad_x takes one GEMM over many tiles.
+  // With Plan::tile_scores: [threads, R, kVocabTile], one tile per thread.
   float* scores = nullptr;
+  float* label_score = nullptr;       // [R]: s_{i y_i}, with Plan::tile_scores
   void* x_block = nullptr;            // [R, H] in logits_gemm dtype
   void* x_block_grad = nullptr;       // [R, H] in grad_gemm dtype, when it differs
   void* w_scratch = nullptr;          // [threads, T, H] converted W pieces

@@ -23,17 +23,17 @@ void* thread_scratch(const Context& c) {
          size_t(omp_get_thread_num()) * size_t(kVocabTile * c.plan.d.h) * 4;
 }
 
-// U[rows, n] = X_block W_t^T into the scores, at columns j0 .. j0+n.
-void logits_gemm(const Context& c, int64_t rows, int64_t j0, int64_t n) {
+// U[rows, n] = X_block W_t^T (columns j0 .. j0+n) into out, rows ld apart.
+void logits_gemm(const Context& c, int64_t rows, int64_t j0, int64_t n, float* out, int64_t ld) {
   const Plan& plan = c.plan;
-  const int64_t H = plan.d.h, V = plan.d.v;
+  const int64_t H = plan.d.h;
   const WPiece w = w_piece(c.p.w, c.p.w_layout, j0, n, 0, H, plan.logits_gemm, thread_scratch(c));
   GemmArgs g{};
   g.m = rows, g.n = n, g.k = H;
   g.ab_dtype = plan.logits_gemm;
   g.a = c.ws.x_block, g.lda = H, g.trans_a = false;
   g.b = w.data, g.ldb = w.ld, g.trans_b = w.vocab_major;
-  g.c = c.ws.scores + j0, g.ldc = V, g.beta = 0;
+  g.c = out, g.ldc = ld, g.beta = 0;
   plan.gemm->run(g);
 }
 
@@ -43,31 +43,45 @@ void scores_and_states(const Context& c, int64_t i0, int64_t rows) {
   const Plan& plan = c.plan;
   const int64_t V = plan.d.v;
   const Options& o = c.p.options;
-  if (!plan.d.logits_entry) load_rows(c.p.x, i0, rows, plan.logits_gemm, c.ws.x_block);
+  if (!plan.d.logits_entry) {
+    load_rows(c.p.x, i0, rows, plan.logits_gemm, c.ws.x_block);
+    if (plan.tile_scores && rows < plan.row_block)  // the padding rows (Plan::tile_scores)
+      std::memset(static_cast<char*>(c.ws.x_block) + rows * plan.d.h * dtype_size(plan.logits_gemm), 0,
+                  size_t(plan.row_block - rows) * plan.d.h * dtype_size(plan.logits_gemm));
+  }
 #pragma omp parallel for num_threads(plan.threads) schedule(static)
   for (int64_t t = 0; t < plan.tiles; ++t) {
     const int64_t j0 = t * kVocabTile, n = tile_width(plan, t);
+    // This tile's scores: in the [R, V] block, or the thread's own tile.
+    float* const tile = plan.tile_scores
+        ? c.ws.scores + int64_t(omp_get_thread_num()) * plan.row_block * kVocabTile
+        : c.ws.scores + j0;
+    const int64_t ld = plan.tile_scores ? kVocabTile : V;
     if (plan.d.logits_entry) {
       for (int64_t r = 0; r < rows; ++r) {
         Tensor row = c.p.logits;  // row i0 + r, columns j0 .. j0+n, as a 1 x n region
         row.data = static_cast<char*>(row.data) +
                    ((i0 + r) * row.stride[0] + j0 * row.stride[1]) * int64_t(dtype_size(row.dtype));
         row.shape[0] = 1, row.shape[1] = n;
-        load_rows(row, 0, 1, Dtype::f32, c.ws.scores + r * V + j0);
+        load_rows(row, 0, 1, Dtype::f32, tile + r * ld);
       }
     } else {
-      logits_gemm(c, rows, j0, n);
+      logits_gemm(c, plan.tile_scores ? plan.row_block : rows, j0, n, tile, ld);
     }
     const float* bias = c.ws.bias ? c.ws.bias + j0 : nullptr;
     const float* class_w = c.ws.class_w ? c.ws.class_w + j0 : nullptr;
     // s = u exactly without a bias, scale or softcap: no pass needed.
     const bool identity = !bias && o.logit_scale == 1 && !(o.softcap > 0);
     for (int64_t r = 0; r < rows; ++r) {
-      float* s = c.ws.scores + r * V + j0;
+      float* s = tile + r * ld;
       if (!identity) plan.kernels->scores(s, bias, n, float(o.logit_scale), float(o.softcap));
       simd::SoftmaxState* st = c.ws.states + r * plan.tiles + t;
       simd::softmax_state_init(st);
       plan.kernels->online_softmax(s, class_w, n, j0, st);
+      if (plan.tile_scores) {  // the tile is gone after this: keep the label's score
+        const int64_t y = load_int(c.p.labels, i0 + r);
+        if (y >= j0 && y < j0 + n) c.ws.label_score[r] = s[y - j0];
+      }
     }
   }
 }
@@ -139,7 +153,8 @@ void merge_rows(const Context& c, int64_t i0, int64_t rows) {
     info.sbar = m.max == INFINITY ? NAN : weighted_mean_score(st, plan.tiles, info.lse);
     const double t_i = p.token_weights.present() ? load(p.token_weights, i) : 1.0;
     const double c_y = info.ignored ? 0.0 : (c.ws.class_w ? c.ws.class_w[info.y] : 1.0);
-    if (!info.ignored) info.s_y = c.ws.scores[r * plan.d.v + info.y];
+    if (!info.ignored)
+      info.s_y = plan.tile_scores ? c.ws.label_score[r] : c.ws.scores[r * plan.d.v + info.y];
     if (plan.pass != Pass::forward) {
       info.g_loss = info.ignored ? 0.0 : loss_cotangent(c.p, c.denom, i) * t_i;
       info.g_lse = p.grad_lse.present() ? load(p.grad_lse, i) : 0.0;

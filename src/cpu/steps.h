@@ -31,7 +31,8 @@ void merge_rows(const Context& c, int64_t i0, int64_t rows);
 // gradient filter on, marks which vocab tiles the GEMMs keep (ws.kept).
 void grad_logits_and_weights(const Context& c, int64_t i0, int64_t rows);
 
-// grad_x for the block's rows: G W, one hidden chunk per task.
+// grad_x for the block's rows: G W, one owner per (row group, hidden chunk)
+// task of the Plan.
 void grad_hidden(const Context& c, int64_t i0, int64_t rows);
 
 }  // namespace flce::cpu
