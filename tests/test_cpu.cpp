@@ -276,13 +276,16 @@ TEST(CpuDeterminism, ForwardRowsDoNotDependOnTheirBlock) {
   for (Dtype dtype : {Dtype::f32, Dtype::bf16}) {
     const Case c = head(37, 16, 2 * kTile - 24).stored_as(dtype).with_bias().reduction(Reduction::none);
     const flce_test::DenseProblem d = c.problem();
-    const Outputs all = run_library(d, c.storage(), Request{Pass::forward, cpu(2)});
+    Request rq;
+    rq.pass = Pass::forward;
+    rq.config = cpu(2);
+    const Outputs all = run_library(d, c.storage(), rq);
     for (int64_t b : {int64_t(1), int64_t(7), int64_t(16), int64_t(17)})
       for (int64_t r0 = 0; r0 < d.n; r0 += b) {
         SCOPED_TRACE(std::string(flce::dtype_name(dtype)) + ": rows " + std::to_string(r0) + " + " +
                      std::to_string(b));
         const int64_t m = std::min(b, d.n - r0);
-        const Outputs part = run_library(row_slice(d, r0, m), c.storage(), Request{Pass::forward, cpu(2)});
+        const Outputs part = run_library(row_slice(d, r0, m), c.storage(), rq);
         for (int64_t i = 0; i < m; ++i) {
           ASSERT_EQ(part.lse[i], all.lse[r0 + i]) << "row " << r0 + i;
           ASSERT_EQ(part.logprob[i], all.logprob[r0 + i]) << "row " << r0 + i;
@@ -357,10 +360,14 @@ TEST(CpuFilter, EveryBlockDroppedLeavesTheExactSmoothingTerm) {
   // the magnitude sum sum_j |c_j W_jk|) and rounds the result to f32 once
   // (2^-24 |value|); the double sums add (V + N) 2^-53 of their magnitudes,
   // well inside a second 2^-24 of the magnitude sums.
+  // f32 gradients accumulate in grad_w itself, f64 ones in an f32 scratch:
+  // both start unwritten (NaN) and no GEMM writes them.
   const double e = 0.2;
-  for (WeightLayout layout : {WeightLayout::vh, WeightLayout::hv}) {
+  for (WeightLayout layout : {WeightLayout::vh, WeightLayout::hv})
+  for (Dtype grads : {Dtype::f64, Dtype::f32}) {
+    SCOPED_TRACE(std::string(layout == WeightLayout::hv ? "hv" : "vh") + ", " + flce::dtype_name(grads));
     Case c = head(70, 24, 2 * kTile + 5).label_smoothing(e).with_class_weights().layout(layout)
-                 .filter_eps(1e300).ignore_rows({3});
+                 .filter_eps(1e300).ignore_rows({3}).gradients_as(grads);
     const DenseProblem d = c.problem();
     const Outputs out = run_cpu(c, 2);
     EXPECT_EQ(out.status.stats.grad_blocks_skipped, out.status.stats.grad_blocks);

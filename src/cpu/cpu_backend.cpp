@@ -50,12 +50,7 @@ cpu::Context prepare(const Problem& p, const Plan& plan, const Workspace& ws, Ru
     class_sum += c_j;
   }
   const double denom = mean_denominator(p, plan.d.n);
-  if (ws.grad_w_acc) std::fill_n(ws.grad_w_acc, V * plan.d.h, 0.0f);
-  if (plan.grad_w_in_place) {
-    const Tensor g = p.grad_w;
-    for (int64_t r = 0; r < g.shape[0]; ++r)
-      std::memset(static_cast<float*>(g.data) + r * g.stride[0], 0, size_t(g.shape[1]) * 4);
-  }
+  if (ws.w_written) std::fill_n(ws.w_written, plan.tiles, uint8_t(0));
   if (ws.grad_b_acc) std::fill_n(ws.grad_b_acc, V, 0.0);
   if (ws.uniform_x) std::fill_n(ws.uniform_x, plan.d.h + 1, 0.0);
   if (ws.uniform_w) uniform_weight_sum(p, plan, ws);
@@ -82,6 +77,28 @@ void add_uniform_term(const cpu::Context& c) {
     for (int64_t j = 0; j < V; ++j) c.ws.grad_b_acc[j] += (c.ws.class_w ? c.ws.class_w[j] : 1.0) * ux[H];
 }
 
+// Zeros the grad_W rows of the tiles no GEMM wrote (every block of the tile
+// filtered out), in grad_w itself or in the f32 accumulator.
+void zero_unwritten_tiles(const cpu::Context& c) {
+  const Plan& plan = c.plan;
+  const int64_t H = plan.d.h;
+  const Tensor g = c.p.grad_w;  // f32 when accumulated in place; [V, H] or [H, V]
+  const bool hv = c.p.w_layout == WeightLayout::hv;
+  for (int64_t t = 0; t < plan.tiles; ++t) {
+    if (c.ws.w_written[t]) continue;
+    const int64_t j0 = t * cpu::kVocabTile, n = std::min(cpu::kVocabTile, plan.d.v - j0);
+    if (c.ws.grad_w_acc) {
+      std::fill_n(c.ws.grad_w_acc + j0 * H, n * H, 0.0f);
+    } else if (hv) {  // columns j0 .. j0+n of [H, V]
+      for (int64_t h = 0; h < H; ++h)
+        std::fill_n(static_cast<float*>(g.data) + h * g.stride[0] + j0, n, 0.0f);
+    } else {
+      for (int64_t j = j0; j < j0 + n; ++j)
+        std::fill_n(static_cast<float*>(g.data) + j * g.stride[0], H, 0.0f);
+    }
+  }
+}
+
 // The reduced loss (rows summed in order, in double) and the accumulated
 // weight and bias gradients in their output dtypes.
 void finish(const cpu::Context& c) {
@@ -90,6 +107,7 @@ void finish(const cpu::Context& c) {
   if (plan.pass != Pass::backward && p.options.reduction != Reduction::none) {
     store(p.loss, 0, reduce_loss(p, c.ws.row_loss, plan.d.n, c.denom));
   }
+  if (c.ws.w_written && (c.ws.grad_w_acc || plan.grad_w_in_place)) zero_unwritten_tiles(c);
   if (plan.filter_uniform) add_uniform_term(c);
   if (c.ws.grad_w_acc) {
     const Tensor g = w_as_vh(p.grad_w, p.w_layout);

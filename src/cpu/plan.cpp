@@ -91,7 +91,7 @@ Plan make_plan(const Problem& p, Pass pass, const RunConfig& config) {
 namespace {
 
 // Sizes in bytes of each workspace piece, in carve order.
-constexpr int kPieces = 16;
+constexpr int kPieces = 17;
 struct Sizes {
   size_t bytes[kPieces] = {};
 };
@@ -117,6 +117,7 @@ Sizes sizes_of(const Plan& plan, const Problem& p) {
   s.bytes[13] = plan.filter_uniform && p.grad_x.present() ? size_t(H) * sizeof(double) : 0;
   s.bytes[14] = plan.filter_uniform ? size_t(H + 1) * sizeof(double) : 0;
   s.bytes[15] = plan.tile_scores ? size_t(R) * 4 : 0;
+  s.bytes[16] = grads && p.grad_w.present() ? size_t(plan.tiles) : 0;
   return s;
 }
 
@@ -156,6 +157,7 @@ Workspace carve_workspace(const Plan& plan, const Problem& p, void* base) {
   w.uniform_w = static_cast<double*>(piece[13]);
   w.uniform_x = static_cast<double*>(piece[14]);
   w.label_score = static_cast<float*>(piece[15]);
+  w.w_written = static_cast<uint8_t*>(piece[16]);
   return w;
 }
 

@@ -114,6 +114,7 @@ struct Workspace {
   float* class_w = nullptr;           // [V] (null: all ones)
   float* bias = nullptr;              // [V] (null: no bias)
   uint8_t* kept = nullptr;            // [tiles]: the gradient filter's verdict for this row block
+  uint8_t* w_written = nullptr;       // [tiles]: grad_W rows of the tile written yet (then +=)
   double* uniform_w = nullptr;        // [H]: sum_j c_j W_j, when filter_uniform and grad_x
   double* uniform_x = nullptr;        // [H + 1]: sum_i u_i x_i, then sum_i u_i
 };

@@ -260,7 +260,11 @@ void grad_w_gemm(const Context& c, int64_t rows, int64_t j0, int64_t n) {
       g.c = c.ws.grad_w_acc + j0 * H, g.ldc = H;
     }
   }
-  g.beta = 1;
+  // The tile's first GEMM writes its rows, no zeroing pass over grad_W first
+  // (a fresh gradient buffer is then touched once, by its tile's owner).
+  uint8_t& written = c.ws.w_written[j0 / kVocabTile];
+  g.beta = written ? 1.0f : 0.0f;
+  written = 1;
   plan.gemm->run(g);
 }
 
