@@ -107,7 +107,7 @@ void finish(const cpu::Context& c) {
   if (plan.pass != Pass::backward && p.options.reduction != Reduction::none) {
     store(p.loss, 0, reduce_loss(p, c.ws.row_loss, plan.d.n, c.denom));
   }
-  if (c.ws.w_written && (c.ws.grad_w_acc || plan.grad_w_in_place)) zero_unwritten_tiles(c);
+  if (c.ws.w_written) zero_unwritten_tiles(c);  // there is a grad_w
   if (plan.filter_uniform) add_uniform_term(c);
   if (c.ws.grad_w_acc) {
     const Tensor g = w_as_vh(p.grad_w, p.w_layout);

@@ -19,12 +19,14 @@ uint32_t bits_of_f32(float f) {
   return u;
 }
 
-// Round-to-nearest-even on the bit pattern; NaN stays a quiet NaN.
-uint16_t bf16_of(float f) {
-  const uint32_t u = bits_of_f32(f);
-  if ((u & 0x7FFFFFFF) > 0x7F800000) return uint16_t((u >> 16) | 0x40);
-  return uint16_t((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+// Round-to-nearest-even on the f32 bits, the bf16 in the upper half; NaN
+// stays a quiet NaN. Branch-free, so that the loops below vectorize.
+inline uint32_t bf16_rounded_bits(uint32_t u) {
+  const uint32_t nearest_even = u + 0x7FFF + ((u >> 16) & 1);
+  return (u & 0x7FFFFFFF) > 0x7F800000 ? (u | 0x400000) : nearest_even;
 }
+
+uint16_t bf16_of(float f) { return uint16_t(bf16_rounded_bits(bits_of_f32(f)) >> 16); }
 
 float f32_of_f16(uint16_t h) {
   const uint32_t sign = uint32_t(h & 0x8000) << 16;
@@ -110,12 +112,6 @@ namespace {
 #else
 #define FLCE_VECTOR_CLONES
 #endif
-
-// bf16_of without a branch, on the f32 bits: the bf16 is the upper half.
-inline uint32_t bf16_rounded_bits(uint32_t u) {
-  const uint32_t nearest_even = u + 0x7FFF + ((u >> 16) & 1);
-  return (u & 0x7FFFFFFF) > 0x7F800000 ? (u | 0x400000) : nearest_even;
-}
 
 FLCE_VECTOR_CLONES void round_to_bf16(float* values, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
