@@ -257,8 +257,8 @@ TEST(CpuDeterminism, SameBitsForAnyThreadCountAndRun) {
   }
 }
 
-// The rows [r0, r0 + b) of a head problem with reduction none, as a problem
-// of their own.
+// The rows [r0, r0 + b) of a head problem as a problem of their own: x and
+// the labels only, so the problem must have no per-row inputs besides them.
 flce_test::DenseProblem row_slice(const flce_test::DenseProblem& d, int64_t r0, int64_t b) {
   flce_test::DenseProblem s = d;
   s.n = b;
@@ -360,8 +360,8 @@ TEST(CpuFilter, EveryBlockDroppedLeavesTheExactSmoothingTerm) {
   // the magnitude sum sum_j |c_j W_jk|) and rounds the result to f32 once
   // (2^-24 |value|); the double sums add (V + N) 2^-53 of their magnitudes,
   // well inside a second 2^-24 of the magnitude sums.
-  // f32 gradients accumulate in grad_w itself, f64 ones in an f32 scratch:
-  // both start unwritten (NaN) and no GEMM writes them.
+  // f32 gradients accumulate in grad_w itself, which starts as NaN here and
+  // which no GEMM writes; f64 ones accumulate in an f32 scratch, copied out.
   const double e = 0.2;
   for (WeightLayout layout : {WeightLayout::vh, WeightLayout::hv})
   for (Dtype grads : {Dtype::f64, Dtype::f32}) {
