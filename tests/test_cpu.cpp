@@ -295,6 +295,108 @@ TEST(CpuDeterminism, ForwardRowsDoNotDependOnTheirBlock) {
   }
 }
 
+// The vocabulary-outer order of a training step (cpu::Plan), forced with
+// cuts (FLCE_CPU_GRAD_ORDER = vocab:RxT) into several super-blocks, the
+// last one short, with chunks of two tiles, the last a single short tile;
+// and into super-blocks of two forward pieces (kMaxRowBlock rows each), the
+// second one short.
+class CpuVocabOuter : public ::testing::Test {
+ protected:
+  void TearDown() override { unsetenv("FLCE_CPU_GRAD_ORDER"); }
+};
+
+struct VocabCut {
+  const char* order;
+  int64_t n;
+};
+constexpr int64_t kCutH = 24, kCutV = 2 * kTile + 428;
+const VocabCut kVocabCuts[] = {{"vocab:100x2", 250}, {"vocab:300x1", 310}};
+
+// The cpu plan of an f32 training step with W [V, H] and every gradient
+// (make_plan reads shapes, dtypes and options only).
+flce::Problem step_shapes(int64_t n, int64_t h, int64_t v) {
+  static const float none = 0;
+  flce::Problem p;
+  p.x = flce::matrix_view(&none, Dtype::f32, n, h);
+  p.w = flce::matrix_view(&none, Dtype::f32, v, h);
+  p.labels = flce::vector_view(&none, Dtype::i64, n);
+  p.grad_x = flce::matrix_view(&none, Dtype::f32, n, h);
+  p.grad_w = flce::matrix_view(&none, Dtype::f32, v, h);
+  return p;
+}
+
+TEST_F(CpuVocabOuter, AgreesAcrossSuperBlocksAndChunks) {
+  for (const VocabCut& cut : kVocabCuts) {
+    setenv("FLCE_CPU_GRAD_ORDER", cut.order, 1);
+    const flce::cpu::Plan plan = flce::cpu::make_plan(step_shapes(cut.n, kCutH, kCutV), Pass::loss_and_grad, cpu());
+    ASSERT_TRUE(plan.vocab_outer);
+    for (Dtype dtype : {Dtype::f32, Dtype::bf16})
+      for (WeightLayout layout : {WeightLayout::vh, WeightLayout::hv}) {
+        SCOPED_TRACE(std::string(cut.order) + ", " + flce::dtype_name(dtype) + ", layout " +
+                     std::to_string(int(layout)));
+        const Case c = head(cut.n, kCutH, kCutV).layout(layout).stored_as(dtype).with_bias().softcap(4)
+                           .label_smoothing(0.1).ignore_rows({3, cut.n - 1}).with_grad_entropy();
+        check(c.problem(), c.storage(), Pass::loss_and_grad);
+        if (layout == WeightLayout::hv) continue;
+        check(c.problem(), c.storage(), Pass::backward);
+        // dlogits in the storage dtype into its GEMMs, and gradients in it
+        // (accumulated in f32 scratch).
+        Case stored = c;
+        stored.grad_logits(GradLogitsDtype::storage).gradients_as(dtype);
+        check(stored.problem(), stored.storage());
+      }
+  }
+}
+
+TEST_F(CpuVocabOuter, SameBitsForAnyThreadCount) {
+  for (const VocabCut& cut : kVocabCuts) {
+    setenv("FLCE_CPU_GRAD_ORDER", cut.order, 1);
+    for (Dtype dtype : {Dtype::f32, Dtype::bf16}) {
+      SCOPED_TRACE(std::string(cut.order) + ", " + flce::dtype_name(dtype));
+      const Case c = head(cut.n, kCutH, kCutV).stored_as(dtype).with_token_weights().softcap(3);
+      const Outputs one = run_cpu(c, 1);
+      for (int threads : {2, 3}) expect_identical_outputs(run_cpu(c, threads), one);
+    }
+  }
+}
+
+TEST_F(CpuVocabOuter, MalformedOrderIsAnErrorNamingIt) {
+  setenv("FLCE_CPU_GRAD_ORDER", "vocab:0x2", 1);
+  const Outputs out = run_library(head(4, 3, 10).problem(), head(4, 3, 10).storage(), Request{});
+  EXPECT_FALSE(out.status.ok());
+  EXPECT_NE(out.status.error.find("FLCE_CPU_GRAD_ORDER = 'vocab:0x2'"), std::string::npos) << out.status.error;
+}
+
+// The plan's own choice: vocab outer where the rows-outer block would be
+// short (large V) and there is more than one block. Either order's
+// workspace stays within the performance issue's 64 MiB at S4, S2 and the
+// production shape, not counting the per-thread W conversion tiles, which
+// only a W that needs converting touches (f16, or a strided W).
+TEST_F(CpuVocabOuter, ChosenForLargeVocabulariesWithinTheBudget) {
+  struct Shape {
+    int64_t n, h, v;
+    bool vocab_outer;
+  };
+  for (Shape s : {Shape{1024, 2304, 256000, true}, Shape{1024, 4096, 128256, false},
+                  Shape{131072, 1024, 128256, false}, Shape{4096, 768, 50257, false},
+                  Shape{40, 2304, 256000, false}, Shape{1024, 1024, 200000, true}})
+    for (Dtype dtype : {Dtype::f32, Dtype::bf16}) {
+      SCOPED_TRACE(std::to_string(s.n) + " x " + std::to_string(s.h) + " x " + std::to_string(s.v) + " " +
+                   flce::dtype_name(dtype));
+      flce::Problem p = step_shapes(s.n, s.h, s.v);
+      p.x.dtype = p.w.dtype = dtype;
+      const size_t bound = (size_t(64) << 20) + 2 * size_t(kTile * s.h) * 4;
+      const flce::cpu::Plan plan = flce::cpu::make_plan(p, Pass::loss_and_grad, cpu(2));
+      EXPECT_EQ(plan.vocab_outer, s.vocab_outer);
+      EXPECT_LE(flce::cpu::workspace_bytes(plan, p), bound);
+      setenv("FLCE_CPU_GRAD_ORDER", "vocab", 1);
+      const flce::cpu::Plan forced = flce::cpu::make_plan(p, Pass::loss_and_grad, cpu(2));
+      unsetenv("FLCE_CPU_GRAD_ORDER");
+      EXPECT_TRUE(forced.vocab_outer);
+      EXPECT_LE(flce::cpu::workspace_bytes(forced, p), bound);
+    }
+}
+
 // Gradient filtering (README, "Gradient filtering"): the filter is a license
 // to drop small dlogits. Its results are judged by the policy plus what the
 // license allows (Precision::filter_eps: every entry the filter may drop),

@@ -2,10 +2,12 @@
 // tile gives the block's scores, SIMD kernels fold them into per-tile softmax
 // states that merge in tile order; for gradients the scores become dlogits in
 // place and feed the grad_W GEMM (one owner per vocab tile) and the grad_x
-// GEMM (one owner per task of Plan::h_chunk columns). Memory: the [R, V]
-// scores (R chosen from a 48 MiB budget; a forward pass keeps one tile per
-// thread instead), per-thread W tiles, O(N) row losses, and an f32 grad_W
-// accumulator only when grad_w is not f32.
+// GEMM (one owner per task of Plan::h_chunk columns). Where V is large a
+// training step goes vocab outer instead (cpu::Plan): the rows' statistics
+// first, then the logits again, chunk by chunk. Memory: the [R, V] scores
+// (R chosen from a 48 MiB budget; a forward pass keeps one tile per thread
+// instead; vocab outer, [R, chunk]), per-thread W tiles, O(N) row losses,
+// and an f32 grad_W accumulator only when grad_w is not f32.
 #include "cpu/cpu_backend.h"
 
 #include <algorithm>
@@ -118,6 +120,46 @@ void finish(const cpu::Context& c) {
     for (int64_t j = 0; j < plan.d.v; ++j) store(p.grad_bias, j, c.ws.grad_b_acc[j]);
 }
 
+// Rows outer (cpu::Plan): each row block's scores over the whole
+// vocabulary, then its gradients.
+void run_rows_outer(const cpu::Context& c) {
+  const Plan& plan = c.plan;
+  for (int64_t i0 = 0; i0 < plan.d.n; i0 += plan.row_block) {
+    const int64_t rows = std::min(plan.row_block, plan.d.n - i0);
+    cpu::scores_and_states(c, i0, rows);
+    cpu::merge_rows(c, i0, rows);
+    if (plan.pass == Pass::forward) continue;
+    cpu::grad_logits_and_weights(c, i0, rows);
+    if (c.p.grad_x.present()) cpu::grad_hidden(c, i0, rows);
+  }
+}
+
+// Vocab outer (cpu::Plan): per super-block, its rows' statistics by the
+// one-tile forward in pieces of kMaxRowBlock rows (a forward's bits; x
+// loaded on the way), then its gradients chunk by chunk.
+void run_vocab_outer(const cpu::Context& c) {
+  const Plan& plan = c.plan;
+  Plan piece_plan = plan;
+  piece_plan.tile_scores = true;
+  piece_plan.row_block = cpu::kMaxRowBlock;
+  const size_t x_row_bytes = size_t(plan.d.h) * dtype_size(plan.logits_gemm);
+  for (int64_t i0 = 0; i0 < plan.d.n; i0 += plan.row_block) {
+    const int64_t rows = std::min(plan.row_block, plan.d.n - i0);
+    for (int64_t r0 = 0; r0 < rows; r0 += cpu::kMaxRowBlock) {
+      Workspace piece_ws = c.ws;  // the piece's rows of x_block and RowInfo
+      piece_ws.x_block = static_cast<char*>(c.ws.x_block) + size_t(r0) * x_row_bytes;
+      piece_ws.rows = c.ws.rows + r0;
+      const cpu::Context piece{c.p, piece_plan, piece_ws, c.class_sum, c.denom, c.stats};
+      const int64_t m = std::min(cpu::kMaxRowBlock, rows - r0);
+      cpu::scores_and_states(piece, i0 + r0, m);
+      cpu::merge_rows(piece, i0 + r0, m);
+    }
+    for (int64_t t0 = 0; t0 < plan.tiles; t0 += plan.chunk_tiles)
+      cpu::grad_vocab_chunk(c, i0, rows, t0, std::min(t0 + plan.chunk_tiles, plan.tiles));
+    if (c.p.grad_x.present()) cpu::store_grad_x(c, i0, rows);
+  }
+}
+
 class CpuBackend final : public Backend {
  public:
   const char* name() const override { return "cpu"; }
@@ -163,14 +205,10 @@ class CpuBackend final : public Backend {
     const Plan plan = cpu::make_plan(p, pass, config);
     const Workspace ws = cpu::carve_workspace(plan, p, workspace);
     const cpu::Context c = prepare(p, plan, ws, stats);
-    for (int64_t i0 = 0; i0 < plan.d.n; i0 += plan.row_block) {
-      const int64_t rows = std::min(plan.row_block, plan.d.n - i0);
-      cpu::scores_and_states(c, i0, rows);
-      cpu::merge_rows(c, i0, rows);
-      if (pass == Pass::forward) continue;
-      cpu::grad_logits_and_weights(c, i0, rows);
-      if (p.grad_x.present()) cpu::grad_hidden(c, i0, rows);
-    }
+    if (plan.vocab_outer)
+      run_vocab_outer(c);
+    else
+      run_rows_outer(c);
     finish(c);
     return "";
   }

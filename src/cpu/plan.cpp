@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 
 namespace flce::cpu {
@@ -42,12 +43,93 @@ int64_t score_budget_bytes() {
   return mib > 0 ? mib << 20 : kScoreBudgetBytes;
 }
 
+// FLCE_CPU_GRAD_ORDER: "rows", "vocab", "vocab:RxT" (super-blocks of R
+// rows, chunks of T tiles), or unset: the plan's own choice.
+struct ForcedOrder {
+  bool set = false, valid = true, vocab = false;
+  int64_t rows = 0, chunk_tiles = 0;  // 0: the plan's cut
+};
+
+ForcedOrder forced_order() {
+  ForcedOrder f;
+  const char* env = std::getenv("FLCE_CPU_GRAD_ORDER");
+  if (env == nullptr) return f;
+  f.set = true;
+  const std::string v = env;
+  if (v == "rows" || v == "vocab") {
+    f.vocab = v == "vocab";
+    return f;
+  }
+  long long rows = 0, tiles = 0;
+  char tail = 0;
+  f.vocab = true;
+  f.valid = std::sscanf(v.c_str(), "vocab:%lldx%lld%c", &rows, &tiles, &tail) == 2 && rows >= 1 &&
+            tiles >= 1 && rows <= (int64_t(1) << 30) && tiles <= (int64_t(1) << 30);
+  f.rows = rows, f.chunk_tiles = tiles;
+  return f;
+}
+
+// The cut of the vocabulary-outer order: super-blocks of `rows` rows, in
+// whole forward pieces of kMaxRowBlock unless one holds all N, and chunks of
+// `chunk_tiles` tiles, with the fewest bytes of grad_W and grad_x traffic
+// whose scores and per-row [R, H] buffers fit the budget.
+struct VocabOuterCut {
+  int64_t rows = 0, chunk_tiles = 0;
+  double traffic = 0;  // bytes
+};
+
+// f32 grad_W [V, H] is written by the first block and read and written by
+// each later one; f32 grad_x [R, H] likewise per vocab chunk.
+double accumulator_traffic(double elements, int64_t passes) { return 4 * elements * double(2 * passes - 1); }
+
+VocabOuterCut cut_vocab_outer(const Dims& d, int64_t tiles, int64_t row_bytes, int64_t budget) {
+  VocabOuterCut best;
+  for (int64_t r = kMaxRowBlock;; r += kMaxRowBlock) {
+    const int64_t rows = std::min(r, d.n);
+    const int64_t room = budget / rows - row_bytes;  // per row, for scores
+    const int64_t chunk = std::min(room / (4 * kVocabTile), tiles);
+    if (chunk < 1) break;  // more rows fit even fewer scores
+    const int64_t blocks = (d.n + rows - 1) / rows, chunks = (tiles + chunk - 1) / chunk;
+    const double traffic = accumulator_traffic(double(d.v) * double(d.h), blocks) +
+                           accumulator_traffic(double(d.n) * double(d.h), chunks);
+    if (best.rows == 0 || traffic < best.traffic) best = {rows, chunk, traffic};
+    if (rows == d.n) break;
+  }
+  return best;
+}
+
+// Whether a training step takes the vocabulary-outer order (Plan), and its
+// cut. Rows outer stays where one block holds every row (nothing to save),
+// for the logits entry (no GEMMs) and with the gradient filter, which skips
+// [row block x tile] blocks and so wants short row blocks.
+void choose_grad_order(const Problem& p, Plan* plan) {
+  const Dims& d = plan->d;
+  const bool grads = plan->pass != Pass::forward && (p.grad_x.present() || p.grad_w.present());
+  const ForcedOrder forced = forced_order();
+  if (!grads || d.logits_entry || plan->filter || (forced.set && !forced.vocab)) return;
+  const bool small_blocks = plan->row_block < kVocabOuterBelowRows && plan->row_block < d.n;
+  if (!forced.vocab && !small_blocks) return;
+  const int64_t x_bytes = int64_t(dtype_size(plan->logits_gemm)) +
+                          (plan->grad_gemm != plan->logits_gemm ? int64_t(dtype_size(plan->grad_gemm)) : 0);
+  const int64_t row_bytes = d.h * (x_bytes + 4) + int64_t(sizeof(RowInfo));  // x, grad_x, row scalars
+  VocabOuterCut cut = cut_vocab_outer(d, plan->tiles, row_bytes, score_budget_bytes());
+  if (forced.rows > 0) cut = {std::min(forced.rows, d.n), std::min(forced.chunk_tiles, plan->tiles), 0};
+  if (cut.rows == 0) return;  // not even one piece and one tile fit the budget
+  plan->vocab_outer = true;
+  plan->row_block = cut.rows;
+  plan->chunk_tiles = cut.chunk_tiles;
+}
+
 }  // namespace
 
 std::string check_tuning_env() {
   const char* env = std::getenv("FLCE_CPU_SCORE_MIB");
   if (env != nullptr && score_mib_from_env() == 0)
     return "FLCE_CPU_SCORE_MIB = '" + std::string(env) + "': must be a whole number of MiB in [1, 4096]";
+  if (!forced_order().valid)
+    return "FLCE_CPU_GRAD_ORDER = '" + std::string(std::getenv("FLCE_CPU_GRAD_ORDER")) +
+           "': must be rows, vocab or vocab:RxT (R rows per super-block, T tiles per chunk; unset: "
+           "chosen by the problem)";
   return "";
 }
 
@@ -85,6 +167,7 @@ Plan make_plan(const Problem& p, Pass pass, const RunConfig& config) {
   plan.h_chunk = std::min(H, ((H + chunks - 1) / chunks + 15) / 16 * 16);
   plan.h_chunks = (H + plan.h_chunk - 1) / plan.h_chunk;
   plan.row_groups = std::max<int64_t>(1, kGradXTasks / plan.h_chunks);
+  choose_grad_order(p, &plan);
   return plan;
 }
 
@@ -100,13 +183,21 @@ Sizes sizes_of(const Plan& plan, const Problem& p) {
   const int64_t R = plan.row_block, V = plan.d.v, H = plan.d.h, N = plan.d.n;
   const bool grads = plan.pass != Pass::forward;
   const size_t logits_elt = dtype_size(plan.logits_gemm), grad_elt = dtype_size(plan.grad_gemm);
+  // Vocab outer runs the forward's pieces first (Plan): their tiles, states
+  // and x rows, whole pieces of kMaxRowBlock.
+  const bool pieces = plan.tile_scores || plan.vocab_outer;
+  const size_t tile_bytes = size_t(plan.threads) * size_t(kMaxRowBlock * kVocabTile) * 4;
+  const int64_t x_rows = plan.vocab_outer ? (R + kMaxRowBlock - 1) / kMaxRowBlock * kMaxRowBlock : R;
+  const int64_t state_rows = plan.vocab_outer ? kMaxRowBlock : R;
   Sizes s;
-  s.bytes[0] = plan.tile_scores ? size_t(plan.threads) * size_t(R * kVocabTile) * 4 : size_t(R * V) * 4;
-  s.bytes[1] = size_t(R * H) * logits_elt;
+  s.bytes[0] = plan.tile_scores ? tile_bytes
+               : plan.vocab_outer ? std::max(tile_bytes, size_t(R * plan.chunk_tiles * kVocabTile) * 4)
+                                  : size_t(R * V) * 4;
+  s.bytes[1] = size_t(x_rows * H) * logits_elt;
   s.bytes[2] = grads && plan.grad_gemm != plan.logits_gemm ? size_t(R * H) * grad_elt : 0;
   s.bytes[3] = size_t(plan.threads) * size_t(kVocabTile * H) * 4;
   s.bytes[4] = grads && p.grad_x.present() ? size_t(R * H) * 4 : 0;
-  s.bytes[5] = size_t(R * plan.tiles) * sizeof(simd::SoftmaxState);
+  s.bytes[5] = size_t(state_rows * plan.tiles) * sizeof(simd::SoftmaxState);
   s.bytes[6] = size_t(R) * sizeof(RowInfo);
   s.bytes[7] = size_t(N) * sizeof(double);
   s.bytes[8] = grads && p.grad_w.present() && !plan.grad_w_in_place ? size_t(V * H) * 4 : 0;
@@ -116,7 +207,7 @@ Sizes sizes_of(const Plan& plan, const Problem& p) {
   s.bytes[12] = plan.filter ? size_t(plan.tiles) : 0;
   s.bytes[13] = plan.filter_uniform && p.grad_x.present() ? size_t(H) * sizeof(double) : 0;
   s.bytes[14] = plan.filter_uniform ? size_t(H + 1) * sizeof(double) : 0;
-  s.bytes[15] = plan.tile_scores ? size_t(R) * 4 : 0;
+  s.bytes[15] = pieces ? size_t(kMaxRowBlock) * 4 : 0;
   s.bytes[16] = grads && p.grad_w.present() ? size_t(plan.tiles) : 0;
   return s;
 }

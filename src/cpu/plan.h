@@ -31,11 +31,34 @@ constexpr int64_t kVocabTile = 512;    // columns per tile: a GEMM's n, a kernel
 // 2.3 -> 1.9 s at S2. More cores would want more tasks; not tuned there.
 constexpr int64_t kGradXTasks = 4;
 constexpr int64_t kMinHiddenChunk = 64;
+// A training step goes vocab outer (Plan) when the rows-outer block would
+// have fewer rows than this. The grad_W traffic it saves grows as 1 / R
+// against one more GEMM; measured side by side on the 2-core Zen 5 (flce
+// bench, FLCE_CPU_GRAD_ORDER alternating): at R = 48 (S4) vocab outer took
+// the step from 1.55-1.62 to 1.34-1.40 of three GEMMs in f32 and from
+// 1.92-2.10 to 1.36-1.49 in bf16; at R = 96 (S2; N = 16384, H = 1024,
+// V = 128256) the two were within the noise; at R = 240 (S1) rows outer
+// was 15-35% faster. FLCE_CPU_GRAD_ORDER = rows or vocab forces an order,
+// for tuning and tests.
+constexpr int64_t kVocabOuterBelowRows = 96;
 
+// A training step's two orders. Rows outer: each block of R rows gets its
+// scores for the whole vocabulary, then G, then its share of grad_W and
+// grad_x: three GEMMs, but the grad_W GEMMs have K = R, and grad_W's f32
+// rows are read and written once per block, 8 V H N / R bytes in all; with
+// V large the budget leaves R small (S4: 48 rows, 100 GB at N = 1024).
+// Vocab outer: a super-block of R rows first gets its row statistics (a
+// forward over kMaxRowBlock pieces), then for each chunk of vocab tiles the
+// logits are computed again and turned into G at once, each tile's grad_W
+// (K = R) and the rows' f32 grad_x (K = the chunk) accumulating across
+// chunks: four GEMMs, with far less memory traffic when R would be small.
+// The order and the cut depend on the problem only (make_plan's cost model).
 struct Plan {
   Dims d;
   Pass pass;
-  int64_t row_block = 0;  // R: rows per block
+  int64_t row_block = 0;  // R: rows per block (vocab outer: per super-block)
+  bool vocab_outer = false;
+  int64_t chunk_tiles = 0;  // vocab outer: tiles per chunk of the vocabulary
   // A forward pass folds each tile as soon as its GEMM is done, so its
   // scores are one [R, kVocabTile] tile per thread, not an [R, V] block, and
   // R is kMaxRowBlock whatever V or N (each W tile then serves more rows:
@@ -93,20 +116,22 @@ struct RowInfo {
 
 // Scratch carved from one workspace, each piece 64-byte aligned.
 struct Workspace {
-  // [R, V]: s, then G in place. For bf16 gradient GEMMs each tile's G is
-  // then converted in place to bf16, at the start of its own f32 span: as a
-  // bf16 matrix, columns j0 .. j0+n of tile t sit at 2 j0 .. 2 j0+n of rows
-  // 2V apart (g_bf16_tile()). Once every tile's grad_W GEMM has read it,
-  // each row's tiles move left to lie contiguous, columns 0 .. V at 0 .. V
-  // (g_bf16_rows()), so that grad_x takes one GEMM over many tiles.
-  // With Plan::tile_scores: [threads, R, kVocabTile], one tile per thread.
+  // [R, V]: s, then G in place (ScoreBlock). For bf16 gradient GEMMs each
+  // tile's G is then converted in place to bf16, at the start of its own f32
+  // span: as a bf16 matrix, columns j0 .. j0+n of tile t sit at 2 j0 ..
+  // 2 j0+n of rows 2V apart (ScoreBlock::bf16_tile). Once every tile's
+  // grad_W GEMM has read it, each row's tiles move left to lie contiguous,
+  // columns 0 .. V at 0 .. V (ScoreBlock::bf16_rows), so that grad_x takes
+  // one GEMM over many tiles. Vocab outer: [R, chunk] the same way, and
+  // before that the forward pieces' tiles. With Plan::tile_scores:
+  // [threads, kMaxRowBlock, kVocabTile], one tile per thread.
   float* scores = nullptr;
-  float* label_score = nullptr;       // [R]: s_{i y_i}, with Plan::tile_scores
-  void* x_block = nullptr;            // [R, H] in logits_gemm dtype
+  float* label_score = nullptr;       // [kMaxRowBlock]: s_{i y_i}, with Plan::tile_scores
+  void* x_block = nullptr;            // [R, H] in logits_gemm dtype (vocab outer: R up to whole pieces)
   void* x_block_grad = nullptr;       // [R, H] in grad_gemm dtype, when it differs
   void* w_scratch = nullptr;          // [threads, T, H] converted W pieces
   float* grad_x_block = nullptr;      // [R, H]
-  simd::SoftmaxState* states = nullptr;  // [R, tiles]
+  simd::SoftmaxState* states = nullptr;  // [R, tiles] (vocab outer: [kMaxRowBlock, tiles])
   RowInfo* rows = nullptr;            // [R]
   double* row_loss = nullptr;         // [N]
   float* grad_w_acc = nullptr;        // [V, H] when grad_w is not accumulated in place
@@ -119,16 +144,23 @@ struct Workspace {
   double* uniform_x = nullptr;        // [H + 1]: sum_i u_i x_i, then sum_i u_i
 };
 
-// Tile t's bf16 G (see Workspace::scores) for rows from r0: row stride 2V.
-inline const uint16_t* g_bf16_tile(const Workspace& ws, const Plan& plan, int64_t r0, int64_t j0) {
-  return reinterpret_cast<const uint16_t*>(ws.scores + r0 * plan.d.v) + 2 * j0;
-}
-
-// Compacted bf16 G (see Workspace::scores) from row r0 and column j0: row
-// stride 2V.
-inline const uint16_t* g_bf16_rows(const Workspace& ws, const Plan& plan, int64_t r0, int64_t j0) {
-  return reinterpret_cast<const uint16_t*>(ws.scores + r0 * plan.d.v) + j0;
-}
+// Where a block of scores (then G) lies: column j of row r at
+// base[r * ld + j - j_begin]. Rows outer: the [R, V] block (ld = V);
+// vocab outer: one chunk of tiles (ld = chunk_tiles * kVocabTile).
+struct ScoreBlock {
+  float* base = nullptr;
+  int64_t ld = 0, j_begin = 0;
+  float* at(int64_t r, int64_t j) const { return base + r * ld + (j - j_begin); }
+  // The bf16 G of the tile starting at j0, converted in place at the start
+  // of the tile's own f32 span (Workspace::scores): row stride 2 ld.
+  const uint16_t* bf16_tile(int64_t r, int64_t j0) const {
+    return reinterpret_cast<const uint16_t*>(base + r * ld) + 2 * (j0 - j_begin);
+  }
+  // The compacted bf16 G (Workspace::scores) from column j: row stride 2 ld.
+  const uint16_t* bf16_rows(int64_t r, int64_t j) const {
+    return reinterpret_cast<const uint16_t*>(base + r * ld) + (j - j_begin);
+  }
+};
 
 size_t workspace_bytes(const Plan& plan, const Problem& p);
 Workspace carve_workspace(const Plan& plan, const Problem& p, void* base);

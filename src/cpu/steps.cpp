@@ -37,12 +37,26 @@ void logits_gemm(const Context& c, int64_t rows, int64_t j0, int64_t n, float* o
   plan.gemm->run(g);
 }
 
+// s = u exactly without a bias, scale or softcap: no scores pass needed.
+bool scores_are_logits(const Context& c) {
+  const Options& o = c.p.options;
+  return !c.ws.bias && o.logit_scale == 1 && !(o.softcap > 0);
+}
+
+// s = softcap(a (u + b)) in place over rows of a tile of columns j0 .. j0+n.
+void scores_in_place(const Context& c, float* tile, int64_t ld, int64_t rows, int64_t j0, int64_t n) {
+  if (scores_are_logits(c)) return;
+  const Options& o = c.p.options;
+  const float* bias = c.ws.bias ? c.ws.bias + j0 : nullptr;
+  for (int64_t r = 0; r < rows; ++r)
+    c.plan.kernels->scores(tile + r * ld, bias, n, float(o.logit_scale), float(o.softcap));
+}
+
 }  // namespace
 
 void scores_and_states(const Context& c, int64_t i0, int64_t rows) {
   const Plan& plan = c.plan;
   const int64_t V = plan.d.v;
-  const Options& o = c.p.options;
   if (!plan.d.logits_entry) {
     load_rows(c.p.x, i0, rows, plan.logits_gemm, c.ws.x_block);
     if (plan.tile_scores && rows < plan.row_block)  // the padding rows (Plan::tile_scores)
@@ -68,13 +82,10 @@ void scores_and_states(const Context& c, int64_t i0, int64_t rows) {
     } else {
       logits_gemm(c, plan.tile_scores ? plan.row_block : rows, j0, n, tile, ld);
     }
-    const float* bias = c.ws.bias ? c.ws.bias + j0 : nullptr;
+    scores_in_place(c, tile, ld, rows, j0, n);
     const float* class_w = c.ws.class_w ? c.ws.class_w + j0 : nullptr;
-    // s = u exactly without a bias, scale or softcap: no pass needed.
-    const bool identity = !bias && o.logit_scale == 1 && !(o.softcap > 0);
     for (int64_t r = 0; r < rows; ++r) {
       float* s = tile + r * ld;
-      if (!identity) plan.kernels->scores(s, bias, n, float(o.logit_scale), float(o.softcap));
       simd::SoftmaxState* st = c.ws.states + r * plan.tiles + t;
       simd::softmax_state_init(st);
       plan.kernels->online_softmax(s, class_w, n, j0, st);
@@ -182,7 +193,7 @@ void merge_rows(const Context& c, int64_t i0, int64_t rows) {
 namespace {
 
 // G for row r over the tile's columns, in place over the scores.
-void row_tile_grad(const Context& c, int64_t r, int64_t j0, int64_t n) {
+void row_tile_grad(const Context& c, const ScoreBlock& blk, int64_t r, int64_t j0, int64_t n) {
   const Plan& plan = c.plan;
   const Options& o = c.p.options;
   const RowInfo& info = c.ws.rows[r];
@@ -196,7 +207,7 @@ void row_tile_grad(const Context& c, int64_t r, int64_t j0, int64_t n) {
   q.sbar = float(info.sbar);
   q.scale = float(o.logit_scale);
   q.softcap = float(o.softcap);
-  float* s = c.ws.scores + r * plan.d.v + j0;
+  float* s = blk.at(r, j0);
   plan.kernels->dlogits(s, c.ws.class_w ? c.ws.class_w + j0 : nullptr, n, &q, s);
   if (!info.ignored && info.y >= j0 && info.y < j0 + n && info.g_loss != 0) {
     // The label term -(1-e) c_y g_loss at j = y, through ds/dz and dz/du.
@@ -235,14 +246,14 @@ void add_uniform_rows(const Context& c, int64_t i0, int64_t rows) {
 }
 
 // grad_W rows j0 .. j0+n (+)= G_t^T X_block.
-void grad_w_gemm(const Context& c, int64_t rows, int64_t j0, int64_t n) {
+void grad_w_gemm(const Context& c, const ScoreBlock& blk, int64_t rows, int64_t j0, int64_t n) {
   const Plan& plan = c.plan;
-  const int64_t H = plan.d.h, V = plan.d.v;
+  const int64_t H = plan.d.h;
   GemmArgs g{};
   g.ab_dtype = plan.grad_gemm;
   const bool bf16 = plan.grad_gemm == Dtype::bf16;
-  const void* G = bf16 ? static_cast<const void*>(g_bf16_tile(c.ws, plan, 0, j0)) : c.ws.scores + j0;
-  const int64_t ldg = bf16 ? 2 * V : V;
+  const void* G = bf16 ? static_cast<const void*>(blk.bf16_tile(0, j0)) : blk.at(0, j0);
+  const int64_t ldg = bf16 ? 2 * blk.ld : blk.ld;
   const bool hv_direct = plan.grad_w_in_place && c.p.w_layout == WeightLayout::hv;
   if (hv_direct) {  // grad_W^T [H, n] += X_block^T [H, rows] G_t [rows, n]
     g.m = H, g.n = n, g.k = rows;
@@ -268,84 +279,97 @@ void grad_w_gemm(const Context& c, int64_t rows, int64_t j0, int64_t n) {
   plan.gemm->run(g);
 }
 
-// Moves each row's bf16 G tiles left, from 2 j0 to j0 (Workspace::scores).
-// In tile order every destination ends before the next tile's source starts.
-void compact_bf16_rows(const Context& c, int64_t rows) {
+// Tile t of the block's scores becomes G in place (grad_logits written,
+// the filter's verdict in ws.kept); its share of grad_bias and grad_W added.
+void tile_grads(const Context& c, const ScoreBlock& blk, int64_t i0, int64_t rows, int64_t t) {
+  const Plan& plan = c.plan;
+  const Problem& p = c.p;
+  const int64_t j0 = t * kVocabTile, n = tile_width(plan, t);
+  bool keep = !plan.filter;  // the filter keeps the tile if any row needs it
+  for (int64_t r = 0; r < rows; ++r) {
+    row_tile_grad(c, blk, r, j0, n);
+    const float* g = blk.at(r, j0);
+    if (plan.filter) keep = keep || any_above(g, n, float(c.ws.rows[r].filter_tau));
+    if (p.grad_logits.present())
+      for (int64_t j = 0; j < n; ++j) store(p.grad_logits, i0 + r, j0 + j, g[j]);
+  }
+  if (plan.filter) c.ws.kept[t] = keep;
+  if (c.ws.grad_b_acc)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < n; ++j) c.ws.grad_b_acc[j0 + j] += blk.at(r, j0)[j];
+  const bool gemms = !plan.d.logits_entry && keep;
+  if (gemms && plan.grad_gemm == Dtype::bf16)  // G to bf16 in place (Workspace::scores)
+    for (int64_t r = 0; r < rows; ++r) f32_to_bf16_in_place(blk.at(r, j0), n);
+  if (p.grad_w.present() && gemms) grad_w_gemm(c, blk, rows, j0, n);
+}
+
+// Moves each row's bf16 G tiles t0+1 .. t1 left, next to tile t0's
+// (Workspace::scores). In tile order every destination ends before the next
+// tile's source starts.
+void compact_bf16_rows(const Context& c, const ScoreBlock& blk, int64_t rows, int64_t t0, int64_t t1) {
   const Plan& plan = c.plan;
 #pragma omp parallel for num_threads(plan.threads) schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
-    auto* row = reinterpret_cast<uint16_t*>(c.ws.scores + r * plan.d.v);
-    for (int64_t t = 1; t < plan.tiles; ++t) {
-      const int64_t j0 = t * kVocabTile;
-      std::memmove(row + j0, row + 2 * j0, size_t(tile_width(plan, t)) * 2);
+    auto* row = reinterpret_cast<uint16_t*>(blk.at(r, blk.j_begin));
+    for (int64_t t = t0 + 1; t < t1; ++t) {
+      const int64_t j = t * kVocabTile - blk.j_begin;
+      std::memmove(row + j, row + 2 * j, size_t(tile_width(plan, t)) * 2);
     }
   }
+}
+
+// The x rows in the gradient GEMMs' dtype, where it differs from the logits'.
+void load_grad_rows(const Context& c, int64_t i0, int64_t rows) {
+  if (!c.plan.d.logits_entry && c.plan.grad_gemm != c.plan.logits_gemm)
+    load_rows(c.p.x, i0, rows, c.plan.grad_gemm, c.ws.x_block_grad);
 }
 
 }  // namespace
 
 void grad_logits_and_weights(const Context& c, int64_t i0, int64_t rows) {
   const Plan& plan = c.plan;
-  const Problem& p = c.p;
-  const int64_t V = plan.d.v;
-  if (!plan.d.logits_entry && plan.grad_gemm != plan.logits_gemm)
-    load_rows(p.x, i0, rows, plan.grad_gemm, c.ws.x_block_grad);
+  const ScoreBlock blk{c.ws.scores, plan.d.v, 0};
+  load_grad_rows(c, i0, rows);
 #pragma omp parallel for num_threads(plan.threads) schedule(static)
-  for (int64_t t = 0; t < plan.tiles; ++t) {
-    const int64_t j0 = t * kVocabTile, n = tile_width(plan, t);
-    bool keep = !plan.filter;  // the filter keeps the tile if any row needs it
-    for (int64_t r = 0; r < rows; ++r) {
-      row_tile_grad(c, r, j0, n);
-      const float* g = c.ws.scores + r * V + j0;
-      if (plan.filter) keep = keep || any_above(g, n, float(c.ws.rows[r].filter_tau));
-      if (p.grad_logits.present())
-        for (int64_t j = 0; j < n; ++j) store(p.grad_logits, i0 + r, j0 + j, g[j]);
-    }
-    if (plan.filter) c.ws.kept[t] = keep;
-    if (c.ws.grad_b_acc)
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t j = 0; j < n; ++j) c.ws.grad_b_acc[j0 + j] += c.ws.scores[r * V + j0 + j];
-    const bool gemms = !plan.d.logits_entry && keep;
-    if (gemms && plan.grad_gemm == Dtype::bf16)  // G to bf16 in place (Workspace::scores)
-      for (int64_t r = 0; r < rows; ++r) f32_to_bf16_in_place(c.ws.scores + r * V + j0, n);
-    if (p.grad_w.present() && gemms) grad_w_gemm(c, rows, j0, n);
-  }
+  for (int64_t t = 0; t < plan.tiles; ++t) tile_grads(c, blk, i0, rows, t);
   if (plan.filter) count_filtered(c);
   if (plan.filter_uniform) add_uniform_rows(c, i0, rows);
-  if (!plan.d.logits_entry && plan.grad_gemm == Dtype::bf16 && p.grad_x.present())
-    compact_bf16_rows(c, rows);
+  if (!plan.d.logits_entry && plan.grad_gemm == Dtype::bf16 && c.p.grad_x.present())
+    compact_bf16_rows(c, blk, rows, 0, plan.tiles);
 }
 
 namespace {
 
-// grad_x[r0 .. r0+m, h0 .. h0+width] = G[r0 .., :] W[:, h0 ..] over the kept
-// vocab tiles (all of them unless the gradient filter dropped some). With W
-// read in place, one GEMM per run of consecutive kept tiles; else one per
-// tile, in order (W pieces are converted tile by tile).
-void grad_hidden_task(const Context& c, int64_t r0, int64_t m, int64_t h0, int64_t width) {
+// grad_x[r0 .. r0+m, h0 .. h0+width] (+)= G[r0 .., tiles t0 .. t1] W[.., h0 ..]
+// over the kept vocab tiles (all of them unless the gradient filter dropped
+// some); `accumulate` adds to what earlier chunks left. With W read in
+// place, one GEMM per run of consecutive kept tiles; else one per tile, in
+// order (W pieces are converted tile by tile).
+void grad_hidden_task(const Context& c, const ScoreBlock& blk, int64_t r0, int64_t m, int64_t h0,
+                      int64_t width, int64_t t_begin, int64_t t_end, bool accumulate) {
   const Plan& plan = c.plan;
   const int64_t H = plan.d.h, V = plan.d.v;
   const bool bf16 = plan.grad_gemm == Dtype::bf16;
   const bool w_in_place = c.p.w.dtype == plan.grad_gemm && c.p.w.stride[1] == 1;
   auto kept = [&](int64_t t) { return !plan.filter || c.ws.kept[t]; };
-  bool first = true;
-  for (int64_t t0 = 0; t0 < plan.tiles;) {
+  bool first = !accumulate;
+  for (int64_t t0 = t_begin; t0 < t_end;) {
     if (!kept(t0)) {
       ++t0;
       continue;
     }
     int64_t t1 = t0 + 1;
     if (w_in_place)
-      while (t1 < plan.tiles && kept(t1)) ++t1;
+      while (t1 < t_end && kept(t1)) ++t1;
     const int64_t j0 = t0 * kVocabTile, n = std::min(t1 * kVocabTile, V) - j0;
     const WPiece w = w_piece(c.p.w, c.p.w_layout, j0, n, h0, width, plan.grad_gemm, thread_scratch(c));
     GemmArgs g{};
     g.m = m, g.n = width, g.k = n;
     g.ab_dtype = plan.grad_gemm;
     if (bf16) {
-      g.a = g_bf16_rows(c.ws, plan, r0, j0), g.lda = 2 * V;
+      g.a = blk.bf16_rows(r0, j0), g.lda = 2 * blk.ld;
     } else {
-      g.a = c.ws.scores + r0 * V + j0, g.lda = V;
+      g.a = blk.at(r0, j0), g.lda = blk.ld;
     }
     g.trans_a = false;
     g.b = w.data, g.ldb = w.ld, g.trans_b = !w.vocab_major;
@@ -359,26 +383,54 @@ void grad_hidden_task(const Context& c, int64_t r0, int64_t m, int64_t h0, int64
     for (int64_t r = r0; r < r0 + m; ++r) std::fill_n(c.ws.grad_x_block + r * H + h0, width, 0.0f);
 }
 
-}  // namespace
-
-void grad_hidden(const Context& c, int64_t i0, int64_t rows) {
+// grad_x_block (+)= G W over tiles t0 .. t1, one owner per (row group,
+// hidden chunk) task of the Plan.
+void grad_hidden_tasks(const Context& c, const ScoreBlock& blk, int64_t rows, int64_t t0, int64_t t1,
+                       bool accumulate) {
   const Plan& plan = c.plan;
   const int64_t H = plan.d.h;
-  // Tasks: plan.row_groups row groups by plan.h_chunks hidden chunks (Plan).
   const int64_t group = (rows + plan.row_groups - 1) / plan.row_groups;
   const int64_t row_groups = (rows + group - 1) / group;
 #pragma omp parallel for num_threads(plan.threads) schedule(static)
   for (int64_t task = 0; task < row_groups * plan.h_chunks; ++task) {
     const int64_t r0 = (task / plan.h_chunks) * group, m = std::min(group, rows - r0);
     const int64_t h0 = (task % plan.h_chunks) * plan.h_chunk, width = std::min(plan.h_chunk, H - h0);
-    grad_hidden_task(c, r0, m, h0, width);
+    grad_hidden_task(c, blk, r0, m, h0, width, t0, t1, accumulate);
   }
+}
+
+}  // namespace
+
+void grad_hidden(const Context& c, int64_t i0, int64_t rows) {
+  grad_hidden_tasks(c, ScoreBlock{c.ws.scores, c.plan.d.v, 0}, rows, 0, c.plan.tiles, false);
+  store_grad_x(c, i0, rows);
+}
+
+void store_grad_x(const Context& c, int64_t i0, int64_t rows) {
+  const Plan& plan = c.plan;
+  const int64_t H = plan.d.h;
   for (int64_t r = 0; r < rows; ++r) {
     const double u = plan.filter_uniform ? c.ws.rows[r].uniform : 0.0;  // + u_i sum_j c_j W_j
     for (int64_t h = 0; h < H; ++h)
       store(c.p.grad_x, i0 + r, h,
             u == 0 ? c.ws.grad_x_block[r * H + h] : c.ws.grad_x_block[r * H + h] + u * c.ws.uniform_w[h]);
   }
+}
+
+void grad_vocab_chunk(const Context& c, int64_t i0, int64_t rows, int64_t t0, int64_t t1) {
+  const Plan& plan = c.plan;
+  const ScoreBlock blk{c.ws.scores, plan.chunk_tiles * kVocabTile, t0 * kVocabTile};
+  if (t0 == 0) load_grad_rows(c, i0, rows);
+#pragma omp parallel for num_threads(plan.threads) schedule(static)
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t j0 = t * kVocabTile, n = tile_width(plan, t);
+    logits_gemm(c, rows, j0, n, blk.at(0, j0), blk.ld);
+    scores_in_place(c, blk.at(0, j0), blk.ld, rows, j0, n);
+    tile_grads(c, blk, i0, rows, t);
+  }
+  if (!c.p.grad_x.present()) return;
+  if (plan.grad_gemm == Dtype::bf16) compact_bf16_rows(c, blk, rows, t0, t1);
+  grad_hidden_tasks(c, blk, rows, t0, t1, /*accumulate=*/t0 > 0);
 }
 
 }  // namespace flce::cpu

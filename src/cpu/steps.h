@@ -1,4 +1,6 @@
-// The steps of the cpu backend for one row block, in the order they run.
+// The steps of the cpu backend for one row block, in the order they run
+// (for the vocab-outer order: a super-block's forward pieces, then its
+// chunks).
 // Each is one OpenMP loop over a fixed grid of tasks (vocab tiles, rows or
 // hidden chunks); every output element has one owner and sums run in a fixed
 // order, so results are bitwise identical for any thread count.
@@ -32,7 +34,16 @@ void merge_rows(const Context& c, int64_t i0, int64_t rows);
 void grad_logits_and_weights(const Context& c, int64_t i0, int64_t rows);
 
 // grad_x for the block's rows: G W, one owner per (row group, hidden chunk)
-// task of the Plan.
+// task of the Plan, then stored.
 void grad_hidden(const Context& c, int64_t i0, int64_t rows);
+
+// Vocab outer (Plan): for the super-block's rows, whose RowInfo merge_rows
+// has set, the logits of tiles t0 .. t1 computed again and turned into G,
+// each tile's grad_W and grad_bias added, and G W of the chunk added to
+// ws.grad_x_block (written by the first chunk).
+void grad_vocab_chunk(const Context& c, int64_t i0, int64_t rows, int64_t t0, int64_t t1);
+
+// ws.grad_x_block's rows (plus the filter's smoothing term) into grad_x.
+void store_grad_x(const Context& c, int64_t i0, int64_t rows);
 
 }  // namespace flce::cpu
