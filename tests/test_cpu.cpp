@@ -337,6 +337,11 @@ TEST_F(CpuVocabOuter, AgreesAcrossSuperBlocksAndChunks) {
         const Case c = head(cut.n, kCutH, kCutV).layout(layout).stored_as(dtype).with_bias().softcap(4)
                            .label_smoothing(0.1).ignore_rows({3, cut.n - 1}).with_grad_entropy();
         check(c.problem(), c.storage(), Pass::loss_and_grad);
+        // A backward without an entropy cotangent takes the statistics it
+        // needs from the saved lse (Plan::stats_from_inputs).
+        const Case plain = head(cut.n, kCutH, kCutV, 2).layout(layout).stored_as(dtype).softcap(4)
+                               .ignore_rows({3}).with_grad_lse();
+        check(plain.problem(), plain.storage(), Pass::backward);
         if (layout == WeightLayout::hv) continue;
         check(c.problem(), c.storage(), Pass::backward);
         // dlogits in the storage dtype into its GEMMs, and gradients in it
@@ -395,6 +400,20 @@ TEST_F(CpuVocabOuter, ChosenForLargeVocabulariesWithinTheBudget) {
       EXPECT_TRUE(forced.vocab_outer);
       EXPECT_LE(flce::cpu::workspace_bytes(forced, p), bound);
     }
+}
+
+// A backward needs only the saved lse unless it has an entropy cotangent:
+// then vocab outer wherever there is more than one row block.
+TEST_F(CpuVocabOuter, ChosenForABackwardFromTheSavedLse) {
+  flce::Problem p = step_shapes(4096, 768, 50257);
+  const flce::cpu::Plan plain = flce::cpu::make_plan(p, Pass::backward, cpu(2));
+  EXPECT_TRUE(plain.vocab_outer);
+  EXPECT_TRUE(plain.stats_from_inputs);
+  EXPECT_FALSE(flce::cpu::make_plan(p, Pass::loss_and_grad, cpu(2)).vocab_outer);
+  static const float none = 0;
+  p.grad_entropy = flce::vector_view(&none, Dtype::f32, 4096);
+  EXPECT_FALSE(flce::cpu::make_plan(p, Pass::backward, cpu(2)).vocab_outer);
+  EXPECT_FALSE(flce::cpu::make_plan(step_shapes(200, 768, 50257), Pass::backward, cpu(2)).vocab_outer);
 }
 
 // Gradient filtering (README, "Gradient filtering"): the filter is a license

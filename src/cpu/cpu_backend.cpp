@@ -136,7 +136,8 @@ void run_rows_outer(const cpu::Context& c) {
 
 // Vocab outer (cpu::Plan): per super-block, its rows' statistics by the
 // one-tile forward in pieces of kMaxRowBlock rows (a forward's bits; x
-// loaded on the way), then its gradients chunk by chunk.
+// loaded on the way) or from the saved lse alone, then its gradients chunk
+// by chunk.
 void run_vocab_outer(const cpu::Context& c) {
   const Plan& plan = c.plan;
   Plan piece_plan = plan;
@@ -145,7 +146,8 @@ void run_vocab_outer(const cpu::Context& c) {
   const size_t x_row_bytes = size_t(plan.d.h) * dtype_size(plan.logits_gemm);
   for (int64_t i0 = 0; i0 < plan.d.n; i0 += plan.row_block) {
     const int64_t rows = std::min(plan.row_block, plan.d.n - i0);
-    for (int64_t r0 = 0; r0 < rows; r0 += cpu::kMaxRowBlock) {
+    if (plan.stats_from_inputs) cpu::rows_from_inputs(c, i0, rows);
+    for (int64_t r0 = 0; r0 < rows && !plan.stats_from_inputs; r0 += cpu::kMaxRowBlock) {
       Workspace piece_ws = c.ws;  // the piece's rows of x_block and RowInfo
       piece_ws.x_block = static_cast<char*>(c.ws.x_block) + size_t(r0) * x_row_bytes;
       piece_ws.rows = c.ws.rows + r0;

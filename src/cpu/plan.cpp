@@ -98,8 +98,8 @@ VocabOuterCut cut_vocab_outer(const Dims& d, int64_t tiles, int64_t row_bytes, i
   return best;
 }
 
-// Whether a training step takes the vocabulary-outer order (Plan), and its
-// cut. Rows outer stays where one block holds every row (nothing to save),
+// Whether a training step or backward takes the vocabulary-outer order
+// (Plan), and its cut. Rows outer stays where one block holds every row (nothing to save),
 // for the logits entry (no GEMMs) and with the gradient filter, which skips
 // [row block x tile] blocks and so wants short row blocks.
 void choose_grad_order(const Problem& p, Plan* plan) {
@@ -107,8 +107,9 @@ void choose_grad_order(const Problem& p, Plan* plan) {
   const bool grads = plan->pass != Pass::forward && (p.grad_x.present() || p.grad_w.present());
   const ForcedOrder forced = forced_order();
   if (!grads || d.logits_entry || plan->filter || (forced.set && !forced.vocab)) return;
-  const bool small_blocks = plan->row_block < kVocabOuterBelowRows && plan->row_block < d.n;
-  if (!forced.vocab && !small_blocks) return;
+  const bool no_stats = plan->pass == Pass::backward && !p.grad_entropy.present();
+  const bool pays = plan->row_block < kVocabOuterBelowRows || no_stats;  // Plan::stats_from_inputs
+  if (!forced.vocab && !(pays && plan->row_block < d.n)) return;
   const int64_t x_bytes = int64_t(dtype_size(plan->logits_gemm)) +
                           (plan->grad_gemm != plan->logits_gemm ? int64_t(dtype_size(plan->grad_gemm)) : 0);
   const int64_t row_bytes = d.h * (x_bytes + 4) + int64_t(sizeof(RowInfo));  // x, grad_x, row scalars
@@ -116,6 +117,7 @@ void choose_grad_order(const Problem& p, Plan* plan) {
   if (forced.rows > 0) cut = {std::min(forced.rows, d.n), std::min(forced.chunk_tiles, plan->tiles), 0};
   if (cut.rows == 0) return;  // not even one piece and one tile fit the budget
   plan->vocab_outer = true;
+  plan->stats_from_inputs = no_stats;
   plan->row_block = cut.rows;
   plan->chunk_tiles = cut.chunk_tiles;
 }

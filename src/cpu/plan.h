@@ -59,6 +59,10 @@ struct Plan {
   int64_t row_block = 0;  // R: rows per block (vocab outer: per super-block)
   bool vocab_outer = false;
   int64_t chunk_tiles = 0;  // vocab outer: tiles per chunk of the vocabulary
+  // Vocab outer for a backward without an entropy cotangent: G needs only
+  // the saved lse, so the rows' statistics come from the inputs, no forward
+  // GEMM, and the pass is three GEMMs like rows outer, with less traffic.
+  bool stats_from_inputs = false;
   // A forward pass folds each tile as soon as its GEMM is done, so its
   // scores are one [R, kVocabTile] tile per thread, not an [R, V] block, and
   // R is kMaxRowBlock whatever V or N (each W tile then serves more rows:
@@ -104,7 +108,7 @@ std::string pick_gemm(const RunConfig& config, Dtype storage, const GemmEngine**
 // Per-row scalars of the current row block (README, Semantics).
 struct RowInfo {
   double lse = 0, sbar = 0;  // sbar = sum_j p_ij s_ij
-  double s_y = 0;            // the label's score (0 if ignored)
+  double s_y = 0;            // the label's score, for the forward outputs (0 if ignored)
   double filter_tau = 0;     // gradient filter: |G'_ij| <= filter_tau may be left out
   double uniform = 0;        // u_i, the smoothing's uniform term, when filter_uniform
   double g_loss = 0;         // d objective / d loss_i times t_i (0 if ignored)

@@ -146,6 +146,27 @@ void set_filter_terms(const Plan& plan, const Options& o, RowInfo* info) {
 
 }  // namespace
 
+namespace {
+
+// The row's label, weights and gradient coefficients (README, Semantics),
+// given its lse.
+void set_grad_terms(const Context& c, int64_t i, RowInfo* info) {
+  const Problem& p = c.p;
+  const Options& o = p.options;
+  const double e = o.label_smoothing, V = double(c.plan.d.v);
+  const double t_i = p.token_weights.present() ? load(p.token_weights, i) : 1.0;
+  const double c_y = info->ignored ? 0.0 : (c.ws.class_w ? c.ws.class_w[info->y] : 1.0);
+  info->g_loss = info->ignored ? 0.0 : loss_cotangent(c.p, c.denom, i) * t_i;
+  info->g_lse = p.grad_lse.present() ? load(p.grad_lse, i) : 0.0;
+  info->g_ent = p.grad_entropy.present() ? load(p.grad_entropy, i) : 0.0;
+  info->coef_p = info->g_loss * ((1 - e) * c_y + (e / V) * c.class_sum + 2 * o.z_loss * info->lse) +
+                 info->g_lse;
+  info->coef_c = -info->g_loss * e / V;
+  if (c.plan.filter) set_filter_terms(c.plan, o, info);
+}
+
+}  // namespace
+
 void merge_rows(const Context& c, int64_t i0, int64_t rows) {
   const Problem& p = c.p;
   const Plan& plan = c.plan;
@@ -162,20 +183,12 @@ void merge_rows(const Context& c, int64_t i0, int64_t rows) {
     info.ignored = is_ignored(p, info.y);
     info.lse = plan.pass == Pass::backward ? load(p.lse, i) : lse_of(m);
     info.sbar = m.max == INFINITY ? NAN : weighted_mean_score(st, plan.tiles, info.lse);
-    const double t_i = p.token_weights.present() ? load(p.token_weights, i) : 1.0;
-    const double c_y = info.ignored ? 0.0 : (c.ws.class_w ? c.ws.class_w[info.y] : 1.0);
     if (!info.ignored)
       info.s_y = plan.tile_scores ? c.ws.label_score[r] : c.ws.scores[r * plan.d.v + info.y];
-    if (plan.pass != Pass::forward) {
-      info.g_loss = info.ignored ? 0.0 : loss_cotangent(c.p, c.denom, i) * t_i;
-      info.g_lse = p.grad_lse.present() ? load(p.grad_lse, i) : 0.0;
-      info.g_ent = p.grad_entropy.present() ? load(p.grad_entropy, i) : 0.0;
-      info.coef_p = info.g_loss * ((1 - e) * c_y + (e / V) * c.class_sum + 2 * o.z_loss * info.lse) +
-                    info.g_lse;
-      info.coef_c = -info.g_loss * e / V;
-      if (plan.filter) set_filter_terms(plan, o, &info);
-    }
+    if (plan.pass != Pass::forward) set_grad_terms(c, i, &info);
     if (plan.pass == Pass::backward) continue;
+    const double t_i = p.token_weights.present() ? load(p.token_weights, i) : 1.0;
+    const double c_y = info.ignored ? 0.0 : (c.ws.class_w ? c.ws.class_w[info.y] : 1.0);
     const double logp_y = info.ignored ? 0.0 : info.s_y - info.lse;
     const double sum_clogp = m.sum_cs - c.class_sum * info.lse;  // sum_j c_j logp_ij
     const double zl = o.z_loss * info.lse * info.lse;
@@ -187,6 +200,19 @@ void merge_rows(const Context& c, int64_t i0, int64_t rows) {
     if (p.entropy.present()) store(p.entropy, i, info.lse - info.sbar);
     if (p.zloss.present()) store(p.zloss, i, zl);
     if (o.reduction == Reduction::none) store(p.loss, i, c.ws.row_loss[i]);
+  }
+}
+
+void rows_from_inputs(const Context& c, int64_t i0, int64_t rows) {
+  const Plan& plan = c.plan;
+  load_rows(c.p.x, i0, rows, plan.logits_gemm, c.ws.x_block);
+  for (int64_t r = 0; r < rows; ++r) {
+    RowInfo& info = c.ws.rows[r];
+    info = RowInfo{};
+    info.y = load_int(c.p.labels, i0 + r);
+    info.ignored = is_ignored(c.p, info.y);
+    info.lse = load(c.p.lse, i0 + r);
+    set_grad_terms(c, i0 + r, &info);
   }
 }
 
@@ -208,10 +234,12 @@ void row_tile_grad(const Context& c, const ScoreBlock& blk, int64_t r, int64_t j
   q.scale = float(o.logit_scale);
   q.softcap = float(o.softcap);
   float* s = blk.at(r, j0);
+  const bool label_here = !info.ignored && info.y >= j0 && info.y < j0 + n;
+  const double s_y = label_here ? s[info.y - j0] : 0.0;  // before G overwrites it
   plan.kernels->dlogits(s, c.ws.class_w ? c.ws.class_w + j0 : nullptr, n, &q, s);
-  if (!info.ignored && info.y >= j0 && info.y < j0 + n && info.g_loss != 0) {
+  if (label_here && info.g_loss != 0) {
     // The label term -(1-e) c_y g_loss at j = y, through ds/dz and dz/du.
-    const double dsdz = o.softcap > 0 ? 1 - (info.s_y / o.softcap) * (info.s_y / o.softcap) : 1.0;
+    const double dsdz = o.softcap > 0 ? 1 - (s_y / o.softcap) * (s_y / o.softcap) : 1.0;
     s[info.y - j0] -= float(o.logit_scale * dsdz * info.g_loss * (1 - e) * c_y);
   }
   if (plan.round_grad_logits) round_to_storage(s, n, plan.storage);

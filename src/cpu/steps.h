@@ -28,6 +28,11 @@ void scores_and_states(const Context& c, int64_t i0, int64_t rows);
 // forward passes, writes the row's outputs.
 void merge_rows(const Context& c, int64_t i0, int64_t rows);
 
+// For a backward without an entropy cotangent (Plan::stats_from_inputs):
+// loads the block's x rows and sets each row's RowInfo from its saved lse,
+// with no GEMM (G needs no other statistic of the row).
+void rows_from_inputs(const Context& c, int64_t i0, int64_t rows);
+
 // Turns the scores into G = d objective / d(x W^T + b) in place, writes
 // grad_logits, and adds the block's share of grad_W and grad_bias. With the
 // gradient filter on, marks which vocab tiles the GEMMs keep (ws.kept).
