@@ -134,28 +134,34 @@ void run_rows_outer(const cpu::Context& c) {
   }
 }
 
-// Vocab outer (cpu::Plan): per super-block, its rows' statistics by the
-// one-tile forward in pieces of kMaxRowBlock rows (a forward's bits; x
-// loaded on the way) or from the saved lse alone, then its gradients chunk
-// by chunk.
-void run_vocab_outer(const cpu::Context& c) {
-  const Plan& plan = c.plan;
-  Plan piece_plan = plan;
+// The statistics of a super-block's rows by the one-tile forward, in pieces
+// of kMaxRowBlock rows (a forward's bits), loading x_block on the way.
+void forward_pieces(const cpu::Context& c, int64_t i0, int64_t rows) {
+  Plan piece_plan = c.plan;
   piece_plan.tile_scores = true;
   piece_plan.row_block = cpu::kMaxRowBlock;
-  const size_t x_row_bytes = size_t(plan.d.h) * dtype_size(plan.logits_gemm);
+  const size_t x_row_bytes = size_t(c.plan.d.h) * dtype_size(c.plan.logits_gemm);
+  for (int64_t r0 = 0; r0 < rows; r0 += cpu::kMaxRowBlock) {
+    Workspace piece_ws = c.ws;  // the piece's rows of x_block and RowInfo
+    piece_ws.x_block = static_cast<char*>(c.ws.x_block) + size_t(r0) * x_row_bytes;
+    piece_ws.rows = c.ws.rows + r0;
+    const cpu::Context piece{c.p, piece_plan, piece_ws, c.class_sum, c.denom, c.stats};
+    const int64_t m = std::min(cpu::kMaxRowBlock, rows - r0);
+    cpu::scores_and_states(piece, i0 + r0, m);
+    cpu::merge_rows(piece, i0 + r0, m);
+  }
+}
+
+// Vocab outer (cpu::Plan): per super-block, its rows' statistics (by the
+// forward, or from the saved lse alone), then its gradients chunk by chunk.
+void run_vocab_outer(const cpu::Context& c) {
+  const Plan& plan = c.plan;
   for (int64_t i0 = 0; i0 < plan.d.n; i0 += plan.row_block) {
     const int64_t rows = std::min(plan.row_block, plan.d.n - i0);
-    if (plan.stats_from_inputs) cpu::rows_from_inputs(c, i0, rows);
-    for (int64_t r0 = 0; r0 < rows && !plan.stats_from_inputs; r0 += cpu::kMaxRowBlock) {
-      Workspace piece_ws = c.ws;  // the piece's rows of x_block and RowInfo
-      piece_ws.x_block = static_cast<char*>(c.ws.x_block) + size_t(r0) * x_row_bytes;
-      piece_ws.rows = c.ws.rows + r0;
-      const cpu::Context piece{c.p, piece_plan, piece_ws, c.class_sum, c.denom, c.stats};
-      const int64_t m = std::min(cpu::kMaxRowBlock, rows - r0);
-      cpu::scores_and_states(piece, i0 + r0, m);
-      cpu::merge_rows(piece, i0 + r0, m);
-    }
+    if (plan.stats_from_inputs)
+      cpu::rows_from_inputs(c, i0, rows);
+    else
+      forward_pieces(c, i0, rows);
     for (int64_t t0 = 0; t0 < plan.tiles; t0 += plan.chunk_tiles)
       cpu::grad_vocab_chunk(c, i0, rows, t0, std::min(t0 + plan.chunk_tiles, plan.tiles));
     if (c.p.grad_x.present()) cpu::store_grad_x(c, i0, rows);

@@ -99,9 +99,9 @@ VocabOuterCut cut_vocab_outer(const Dims& d, int64_t tiles, int64_t row_bytes, i
 }
 
 // Whether a training step or backward takes the vocabulary-outer order
-// (Plan), and its cut. Rows outer stays where one block holds every row (nothing to save),
-// for the logits entry (no GEMMs) and with the gradient filter, which skips
-// [row block x tile] blocks and so wants short row blocks.
+// (Plan), and its cut. Rows outer stays where one block holds every row
+// (nothing to save), for the logits entry (no GEMMs) and with the gradient
+// filter, which skips [row block x tile] blocks and so wants short blocks.
 void choose_grad_order(const Problem& p, Plan* plan) {
   const Dims& d = plan->d;
   const bool grads = plan->pass != Pass::forward && (p.grad_x.present() || p.grad_w.present());
