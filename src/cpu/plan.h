@@ -37,8 +37,8 @@ constexpr int64_t kMinHiddenChunk = 64;
 // bench, FLCE_CPU_GRAD_ORDER alternating): at R = 48 (S4) vocab outer took
 // the step from 1.55-1.62 to 1.34-1.40 of three GEMMs in f32 and from
 // 1.92-2.10 to 1.36-1.49 in bf16; at R = 96 (S2; N = 16384, H = 1024,
-// V = 128256) the two were within the noise; at R = 240 (S1) rows outer
-// was 15-40% faster. A backward from the saved lse goes vocab outer
+// V = 128256) the two were within the noise; at R = 240 (S1) and 256 (S3)
+// rows outer was 3-40% faster. A backward from the saved lse goes vocab outer
 // wherever there is more than one block (Plan::stats_from_inputs).
 // FLCE_CPU_GRAD_ORDER = rows, vocab or vocab:RxT forces an order (and a
 // cut), for tuning and tests.
