@@ -312,8 +312,8 @@ struct VocabCut {
 constexpr int64_t kCutH = 24, kCutV = 2 * kTile + 428;
 const VocabCut kVocabCuts[] = {{"vocab:100x2", 250}, {"vocab:300x1", 310}};
 
-// The cpu plan of an f32 training step with W [V, H] and every gradient
-// (make_plan reads shapes, dtypes and options only).
+// An f32 problem with W [V, H] and every gradient, shapes without data:
+// enough for make_plan, which reads shapes, dtypes and options only.
 flce::Problem step_shapes(int64_t n, int64_t h, int64_t v) {
   static const float none = 0;
   flce::Problem p;
