@@ -113,8 +113,9 @@ void choose_grad_order(const Problem& p, Plan* plan) {
   const int64_t x_bytes = int64_t(dtype_size(plan->logits_gemm)) +
                           (plan->grad_gemm != plan->logits_gemm ? int64_t(dtype_size(plan->grad_gemm)) : 0);
   const int64_t row_bytes = d.h * (x_bytes + 4) + int64_t(sizeof(RowInfo));  // x, grad_x, row scalars
-  VocabOuterCut cut = cut_vocab_outer(d, plan->tiles, row_bytes, score_budget_bytes());
-  if (forced.rows > 0) cut = {std::min(forced.rows, d.n), std::min(forced.chunk_tiles, plan->tiles), 0};
+  const VocabOuterCut cut =
+      forced.rows > 0 ? VocabOuterCut{std::min(forced.rows, d.n), std::min(forced.chunk_tiles, plan->tiles), 0}
+                      : cut_vocab_outer(d, plan->tiles, row_bytes, score_budget_bytes());
   if (cut.rows == 0) return;  // not even one piece and one tile fit the budget
   plan->vocab_outer = true;
   plan->stats_from_inputs = no_stats;

@@ -144,9 +144,13 @@ void set_filter_terms(const Plan& plan, const Options& o, RowInfo* info) {
   if (plan.filter_uniform) info->uniform = a * info->coef_c;
 }
 
-}  // namespace
-
-namespace {
+// Row i's RowInfo with only its label set (README, Semantics: ignore_index).
+RowInfo labelled_row(const Context& c, int64_t i) {
+  RowInfo info;
+  info.y = load_int(c.p.labels, i);
+  info.ignored = is_ignored(c.p, info.y);
+  return info;
+}
 
 // The row's label, weights and gradient coefficients (README, Semantics),
 // given its lse.
@@ -178,9 +182,7 @@ void merge_rows(const Context& c, int64_t i0, int64_t rows) {
     const simd::SoftmaxState* st = c.ws.states + r * plan.tiles;
     const Merged m = merge_states(st, plan.tiles);
     RowInfo& info = c.ws.rows[r];
-    info = RowInfo{};
-    info.y = load_int(p.labels, i);
-    info.ignored = is_ignored(p, info.y);
+    info = labelled_row(c, i);
     info.lse = plan.pass == Pass::backward ? load(p.lse, i) : lse_of(m);
     info.sbar = m.max == INFINITY ? NAN : weighted_mean_score(st, plan.tiles, info.lse);
     if (!info.ignored)
@@ -208,9 +210,7 @@ void rows_from_inputs(const Context& c, int64_t i0, int64_t rows) {
   load_rows(c.p.x, i0, rows, plan.logits_gemm, c.ws.x_block);
   for (int64_t r = 0; r < rows; ++r) {
     RowInfo& info = c.ws.rows[r];
-    info = RowInfo{};
-    info.y = load_int(c.p.labels, i0 + r);
-    info.ignored = is_ignored(c.p, info.y);
+    info = labelled_row(c, i0 + r);
     info.lse = load(c.p.lse, i0 + r);
     set_grad_terms(c, i0 + r, &info);
   }
