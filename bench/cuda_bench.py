@@ -8,7 +8,9 @@ GEMMs a step cannot avoid (one for a forward pass) and against PyTorch eager.
 
 Shapes (N x H x V): gemma2 8192 x 2304 x 256000 with softcap 30, llama3
 8192 x 4096 x 128256, h1024 16384 x 1024 x 128256. Every time is the median
-of --reps CUDA-event timings after 3 warm-ups, on random data (never zeros).
+of --reps CUDA-event timings after 3 warm-ups, on random data (never zeros),
+taken in rounds: each round times every call below once, in turn, so that
+the GPU's clocks under sustained load weigh on all of them alike.
   gemm3     logits = x W^T, grad_x = G W, grad_W = G^T x as torch.mm in bf16
             (cuBLAS), G a random bf16 [N, V] array; gemm1 is the first alone.
   flce      flce.loss_and_grad / flce.forward on the torch CUDA tensors,
@@ -39,19 +41,41 @@ SHAPES = {
 MIB = 1 << 20
 
 
-def time_ms(fn, reps):
-    for _ in range(3):
-        fn()
+def event_ms(fn):
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    stop.record()
+    stop.synchronize()
+    return start.elapsed_time(stop)
+
+
+def time_all_ms(calls, reps):
+    """{name: median ms} of each zero-argument call in `calls`, timed in
+    rounds (each call once per round, in order) after 3 warm-ups each."""
+    for fn in calls.values():
+        for _ in range(3):
+            fn()
     torch.cuda.synchronize()
-    times = []
+    times = {name: [] for name in calls}
     for _ in range(reps):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return statistics.median(times)
+        for name, fn in calls.items():
+            times[name].append(event_ms(fn))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def with_tile(tile, fn):
+    """fn run with FLCE_CUDA_TILE = tile ('' for the default tile)."""
+    def run():
+        if tile:
+            os.environ["FLCE_CUDA_TILE"] = tile
+        else:
+            os.environ.pop("FLCE_CUDA_TILE", None)
+        try:
+            return fn()
+        finally:
+            os.environ.pop("FLCE_CUDA_TILE", None)
+    return run
 
 
 def peak_extra_bytes(fn):
@@ -78,12 +102,6 @@ def bench_shape(name, reps, tiles):
     logits = torch.empty(n, v, device="cuda", dtype=torch.bfloat16)
     dl = torch.randn(n, v, device="cuda", generator=g, dtype=torch.float32).to(torch.bfloat16)
     gx, gw = torch.empty_like(x), torch.empty_like(w)
-    row["gemm1_ms"] = time_ms(lambda: torch.mm(x, w.t(), out=logits), reps)
-    gx_ms = time_ms(lambda: torch.mm(dl, w, out=gx), reps)
-    gw_ms = time_ms(lambda: torch.mm(dl.t(), x, out=gw), reps)
-    row["gemm3_ms"] = row["gemm1_ms"] + gx_ms + gw_ms
-    del logits, dl, gx, gw
-    torch.cuda.empty_cache()
 
     # flce, per score tile setting.
     def step():
@@ -92,24 +110,6 @@ def bench_shape(name, reps, tiles):
 
     def fwd():
         return flce.forward(x, w, y, softcap=softcap, backend="cuda")
-
-    row["flce"] = []
-    for tile in tiles:
-        if tile:
-            os.environ["FLCE_CUDA_TILE"] = tile
-        else:
-            os.environ.pop("FLCE_CUDA_TILE", None)
-        t = {"tile": tile or "default", "step_ms": time_ms(step, reps), "fwd_ms": time_ms(fwd, reps),
-             "step_peak_extra_bytes": peak_extra_bytes(step),
-             "fwd_peak_extra_bytes": peak_extra_bytes(fwd)}
-        t["step_ratio"] = t["step_ms"] / row["gemm3_ms"]
-        t["fwd_ratio"] = t["fwd_ms"] / row["gemm1_ms"]
-        row["flce"].append(t)
-        print(f"  {name} tile {t['tile']}: step {t['step_ms']:.2f} ms ({t['step_ratio']:.3f}x), "
-              f"fwd {t['fwd_ms']:.2f} ms ({t['fwd_ratio']:.3f}x), "
-              f"step extra {t['step_peak_extra_bytes'] / MIB:.0f} MiB", flush=True)
-    os.environ.pop("FLCE_CUDA_TILE", None)
-    flce_loss = float(step().loss)
 
     # PyTorch eager.
     xe, we = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
@@ -123,9 +123,32 @@ def bench_shape(name, reps, tiles):
         loss.backward()
         return loss, xe.grad, we.grad
 
-    row["eager_ms"] = time_ms(eager, reps)
+    calls = {"gemm1": lambda: torch.mm(x, w.t(), out=logits),
+             "gemm_x": lambda: torch.mm(dl, w, out=gx),
+             "gemm_w": lambda: torch.mm(dl.t(), x, out=gw)}
+    for tile in tiles:
+        calls["step " + tile] = with_tile(tile, step)
+        calls["fwd " + tile] = with_tile(tile, fwd)
+    calls["eager"] = eager
+    ms = time_all_ms(calls, reps)
+    del logits, dl, gx, gw
+    torch.cuda.empty_cache()
+    row["gemm1_ms"] = ms["gemm1"]
+    row["gemm3_ms"] = ms["gemm1"] + ms["gemm_x"] + ms["gemm_w"]
+    row["flce"] = []
+    for tile in tiles:
+        t = {"tile": tile or "default", "step_ms": ms["step " + tile], "fwd_ms": ms["fwd " + tile],
+             "step_peak_extra_bytes": peak_extra_bytes(with_tile(tile, step)),
+             "fwd_peak_extra_bytes": peak_extra_bytes(with_tile(tile, fwd))}
+        t["step_ratio"] = t["step_ms"] / row["gemm3_ms"]
+        t["fwd_ratio"] = t["fwd_ms"] / row["gemm1_ms"]
+        row["flce"].append(t)
+        print(f"  {name} tile {t['tile']}: step {t['step_ms']:.2f} ms ({t['step_ratio']:.3f}x), "
+              f"fwd {t['fwd_ms']:.2f} ms ({t['fwd_ratio']:.3f}x), "
+              f"step extra {t['step_peak_extra_bytes'] / MIB:.0f} MiB", flush=True)
+    row["eager_ms"] = ms["eager"]
     row["eager_peak_extra_bytes"] = peak_extra_bytes(eager)
-    row["eager_loss"], row["flce_loss"] = eager()[0].item(), flce_loss
+    row["eager_loss"], row["flce_loss"] = eager()[0].item(), float(step().loss)
     del xe, we
     torch.cuda.empty_cache()
     return row
