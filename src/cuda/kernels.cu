@@ -397,11 +397,21 @@ __device__ float round_as(float v) {
   return v;
 }
 
-// G of one element, per RowInfo (kernels.h), rounded to kRound. kPlain: a
-// row with no scale, bias, softcap, class weights, smoothing or entropy
-// term, where G is coef_p p minus the label term (the general formula gives
-// the same bits there: every factor it skips is exactly 1 or 0).
-template <int kRound, bool kPlain>
+// Which formula dlogits compiles: the general one, or for rows with no
+// scale, bias, class weights, smoothing or entropy term, G = coef_p p minus
+// the label term, times ds/dz with a softcap. The general formula gives the
+// same bits there: every factor it skips is exactly 1 or 0.
+enum DlogitsForm { kGeneral, kPlain, kPlainSoftcap };
+
+DlogitsForm dlogits_form(const LossArgs& g) {
+  const bool plain = g.a == 1 && g.e == 0 && !g.need_sbar && !g.grad_entropy.present() &&
+                     g.class_w == nullptr && g.bias_f32 == nullptr;
+  if (!plain) return kGeneral;
+  return g.k > 0 ? kPlainSoftcap : kPlain;
+}
+
+// G of one element, per RowInfo (kernels.h), rounded to kRound.
+template <int kRound, DlogitsForm kForm>
 struct DlogitsRow {
   TileParams q;
   float lse, sbar, coef_p, coef_c, coef_h, label;
@@ -413,9 +423,14 @@ struct DlogitsRow {
         y_col(info.y < 0 ? -1 : label_column(info.y, j0, cols)) {}
 
   __device__ float operator()(float u, int c) const {
-    if (kPlain) {
+    if (kForm == kPlain) {
       const float d = coef_p * expf(u - lse);
       return round_as<kRound>(c == y_col ? d - label : d);
+    }
+    if (kForm == kPlainSoftcap) {
+      const float s = q.k * tanhf(u * q.inv_k);
+      const float d = coef_p * expf(s - lse);
+      return round_as<kRound>(q.dsdz(s) * (c == y_col ? d - label : d));
     }
     const float s = q.score(u, c);
     const float p = expf(s - lse);
@@ -426,12 +441,6 @@ struct DlogitsRow {
     return round_as<kRound>(q.a * q.dsdz(s) * d);
   }
 };
-
-// Whether the kPlain formula of DlogitsRow holds for every row of the call.
-bool plain_rows(const LossArgs& g) {
-  return g.a == 1 && g.k == 0 && g.e == 0 && !g.need_sbar && !g.grad_entropy.present() &&
-         g.class_w == nullptr && g.bias_f32 == nullptr;
-}
 
 template <typename T>
 __device__ void store_g(void* out, int64_t o, float v);
@@ -485,15 +494,15 @@ constexpr int kDlogitsThreads = 128;
 // One block per row of the tile; each thread takes quads of adjacent
 // columns (one 16-byte load of u, one 8- or 16-byte store of G). out may be
 // null (the logits entry writes only grad_logits). The rounding dtype and
-// the plain formula are compile-time: with them chosen per element, the
+// the formula (DlogitsForm) are compile-time: with them chosen per element, the
 // kernel was bound by instruction issue (Nsight Compute, Llama-3 head on an
 // H100: SM 79% and DRAM 42% of peak, 65 us a tile; now 52% and 68%, 39 us).
-template <typename T, int kRound, bool kPlain>
+template <typename T, int kRound, DlogitsForm kForm>
 __global__ void dlogits_kernel(LossArgs g, ScoreTile tile, void* out, int64_t out_ld,
                                DView grad_logits) {
   const int64_t r = blockIdx.x, i = tile.r0 + r;
   const int cols = int(tile.cols);
-  const DlogitsRow<kRound, kPlain> row(g, g.rows[i], tile.j0, cols);
+  const DlogitsRow<kRound, kForm> row(g, g.rows[i], tile.j0, cols);
   const float* u = tile.u + r * tile.ld;
   T* g_row = out ? static_cast<T*>(out) + r * out_ld : nullptr;
   const bool aligned = reinterpret_cast<uintptr_t>(u) % 16 == 0 &&
@@ -605,10 +614,14 @@ template <typename T, int kRound>
 void launch_dlogits(const LossArgs& args, const ScoreTile& tile, void* g, int64_t g_ld,
                     DView grad_logits, cudaStream_t stream) {
   const unsigned blocks = unsigned(tile.rows);
-  if (plain_rows(args))
-    dlogits_kernel<T, kRound, true><<<blocks, kDlogitsThreads, 0, stream>>>(args, tile, g, g_ld, grad_logits);
-  else
-    dlogits_kernel<T, kRound, false><<<blocks, kDlogitsThreads, 0, stream>>>(args, tile, g, g_ld, grad_logits);
+  switch (dlogits_form(args)) {
+#define FLCE_DLOGITS(F) \
+  case F: \
+    dlogits_kernel<T, kRound, F><<<blocks, kDlogitsThreads, 0, stream>>>(args, tile, g, g_ld, grad_logits); \
+    break;
+    FLCE_DLOGITS(kGeneral) FLCE_DLOGITS(kPlain) FLCE_DLOGITS(kPlainSoftcap)
+#undef FLCE_DLOGITS
+  }
 }
 
 constexpr int kF32 = int(Dtype::f32), kBf16 = int(Dtype::bf16), kF16 = int(Dtype::f16);
