@@ -9,8 +9,10 @@ GEMMs a step cannot avoid (one for a forward pass) and against PyTorch eager.
 Shapes (N x H x V): gemma2 8192 x 2304 x 256000 with softcap 30, llama3
 8192 x 4096 x 128256, h1024 16384 x 1024 x 128256. Every time is the median
 of --reps CUDA-event timings after 3 warm-ups, on random data (never zeros),
-taken in rounds: each round times every call below once, in turn, so that
-the GPU's clocks under sustained load weigh on all of them alike.
+taken in rounds: each round times every call below once, in an order
+shuffled per round (fixed seed), so that neither the GPU's clocks under
+sustained load nor what ran just before weigh on one call more than on
+another (the first flce call after the GEMMs measured 6-9% slower).
   gemm3     logits = x W^T, grad_x = G W, grad_W = G^T x as torch.mm in bf16
             (cuBLAS), G a random bf16 [N, V] array; gemm1 is the first alone.
   flce      flce.loss_and_grad / flce.forward on the torch CUDA tensors,
@@ -26,6 +28,7 @@ workspace, which flce's Python layer takes from torch's allocator.
 import argparse
 import json
 import os
+import random
 import statistics
 
 import torch
@@ -52,15 +55,19 @@ def event_ms(fn):
 
 def time_all_ms(calls, reps):
     """{name: median ms} of each zero-argument call in `calls`, timed in
-    rounds (each call once per round, in order) after 3 warm-ups each."""
+    rounds (each call once per round, in a shuffled order) after 3 warm-ups
+    each."""
     for fn in calls.values():
         for _ in range(3):
             fn()
     torch.cuda.synchronize()
     times = {name: [] for name in calls}
+    order = list(calls)
+    shuffle = random.Random(0).shuffle
     for _ in range(reps):
-        for name, fn in calls.items():
-            times[name].append(event_ms(fn))
+        shuffle(order)
+        for name in order:
+            times[name].append(event_ms(calls[name]))
     return {name: statistics.median(t) for name, t in times.items()}
 
 
