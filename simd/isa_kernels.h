@@ -22,6 +22,9 @@
 //                  all -inf tile has max -inf and argmax at its first -inf); it
 //                  stays -1 while only NaNs were seen. The old state's sums are
 //                  rescaled by exp(old shift - new shift) (0 for an old max of -inf).
+//                  Without kSoftmaxMoments the tile's sum_exp_s and sum_cs are
+//                  0, without kSoftmaxArgmax its argmax is -1 (kernels.h); the
+//                  max, sum_exp and first_nan are the same bits either way.
 //  dlogits         p = exp(s - lse);
 //                  d = coef_p p + coef_c c - coef_h (p == 0 ? 0 : p (s - sbar));
 //                  g = a (1 - (s/k)^2) d if k > 0, else a d. A term whose coefficient
@@ -39,7 +42,7 @@ namespace flce::simd {
   void f32_exp__##isa(const float* x, float* y, int64_t n);                                   \
   void f32_scores__##isa(float* s, const float* bias, int64_t n, float scale, float softcap); \
   void f32_online_softmax__##isa(const float* s, const float* class_w, int64_t n, int64_t j0, \
-                                 SoftmaxState* state);                                        \
+                                 unsigned extras, SoftmaxState* state);                       \
   void f32_dlogits__##isa(const float* s, const float* class_w, int64_t n,                    \
                           const DlogitsParams* params, float* g);
 

@@ -34,6 +34,17 @@ struct SoftmaxState {
 
 void softmax_state_init(SoftmaxState* state);
 
+// What online_softmax computes besides max, sum_exp and first_nan. A tile
+// called without kSoftmaxMoments adds 0 to sum_exp_s and sum_cs, one
+// without kSoftmaxArgmax leaves argmax alone (the state's sums are still
+// rescaled): the sums and the search cost a quarter of the kernel's time,
+// and most calls need neither (no entropy, smoothing or argmax output).
+enum SoftmaxExtras : unsigned {
+  kSoftmaxMoments = 1,  // sum_exp_s and sum_cs
+  kSoftmaxArgmax = 2,   // argmax
+  kSoftmaxAll = 3,
+};
+
 // Per-row coefficients of the dlogits kernel (README, backward):
 //   p_j = exp(s_j - lse)
 //   d_j = coef_p * p_j + coef_c * c_j - coef_h * p_j * (s_j - sbar)
@@ -58,9 +69,10 @@ struct KernelSet {
   // bias may be null (treated as 0).
   void (*scores)(float* s, const float* bias, int64_t n, float scale, float softcap);
   // Folds s[0..n) (global column indices j0 .. j0+n-1) into *state;
-  // class_w may be null (every c_j = 1); sum_cs is then sum_j s_j.
+  // class_w may be null (every c_j = 1); sum_cs is then sum_j s_j. extras:
+  // SoftmaxExtras bits.
   void (*online_softmax)(const float* s, const float* class_w, int64_t n, int64_t j0,
-                         SoftmaxState* state);
+                         unsigned extras, SoftmaxState* state);
   // g[i] from s[i] per DlogitsParams; g may equal s (in place); class_w may be null.
   void (*dlogits)(const float* s, const float* class_w, int64_t n, const DlogitsParams* params,
                   float* g);

@@ -257,6 +257,32 @@ TEST(CpuDeterminism, SameBitsForAnyThreadCountAndRun) {
   }
 }
 
+// Without per-row outputs the softmax kernels skip the entropy and
+// smoothing sums and the argmax search (Plan::softmax_extras); what is
+// computed either way must keep its bits. Label smoothing needs sum_cs for
+// the loss, and grad_entropy needs sum_exp_s for G, so there they stay on.
+TEST(CpuSoftmaxExtras, LossLseAndGradientsKeepTheirBitsWithoutPerRowOutputs) {
+  for (const Case& c : {head(70, 20, 2 * kTile + 17).with_bias().softcap(3),
+                        head(70, 20, kTile + 9).stored_as(Dtype::bf16).label_smoothing(0.1),
+                        head(40, 12, kTile + 3).with_grad_entropy()}) {
+    for (Pass pass : {Pass::forward, Pass::loss_and_grad}) {
+      Request all, fewer;
+      all.pass = fewer.pass = pass;
+      all.config = fewer.config = cpu(2);
+      fewer.per_row_outputs = false;
+      const Outputs a = run_library(c.problem(), c.storage(), all);
+      const Outputs b = run_library(c.problem(), c.storage(), fewer);
+      ASSERT_TRUE(a.status.ok() && b.status.ok()) << a.status.error << b.status.error;
+      EXPECT_TRUE(b.argmax.empty() && b.entropy.empty());
+      EXPECT_EQ(a.loss, b.loss);
+      EXPECT_EQ(a.lse, b.lse);
+      EXPECT_EQ(a.grad_x, b.grad_x);
+      EXPECT_EQ(a.grad_w, b.grad_w);
+      EXPECT_EQ(a.grad_bias, b.grad_bias);
+    }
+  }
+}
+
 // The rows [r0, r0 + b) of a head problem as a problem of their own: x and
 // the labels only, so the problem must have no per-row inputs besides them.
 flce_test::DenseProblem row_slice(const flce_test::DenseProblem& d, int64_t r0, int64_t b) {

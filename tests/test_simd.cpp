@@ -84,6 +84,13 @@ TEST_P(SimdKernels, OnlineSoftmaxMatchesScalar) {
   EXPECT_EQ(r.failed, 0) << r.summary();
 }
 
+TEST_P(SimdKernels, OnlineSoftmaxLeavesOutWhatIsNotAskedFor) {
+  SIMD_REQUIRE_SET(ks);
+  Report r;
+  testing::check_online_softmax_extras(*ks, r);
+  EXPECT_EQ(r.failed, 0) << r.summary();
+}
+
 TEST_P(SimdKernels, OnlineSoftmaxSemantics) {
   SIMD_REQUIRE_SET(ks);
   Report r;

@@ -1,7 +1,8 @@
 // online_softmax, AVX2: pass 1 the tile max (4 accumulators), pass 2 the
-// sums relative to the new shift (2 accumulator sets), masked tails; the
-// argmax and first-NaN searches stop at the first hit, and the NaN search
-// only runs when sum_exp came out NaN.
+// sums relative to the new shift (2 accumulator sets; sum_exp_s and sum_cs
+// only with kSoftmaxMoments), masked tails; the argmax and first-NaN
+// searches stop at the first hit, the argmax one runs only with
+// kSoftmaxArgmax and the NaN one only when sum_exp came out NaN.
 #include "simd/avx2/vmath_avx2.h"
 #include "simd/common.h"
 #include "simd/isa_kernels.h"
@@ -70,10 +71,11 @@ struct Acc {
 
 // One vector of terms; masked-off tail lanes arrive as s = -inf, c = 0, and
 // `m` keeps them out of sum_cs (kTail only).
-template <bool kClassW, bool kTail = false>
+template <bool kClassW, bool kMoments, bool kTail = false>
 inline void accumulate(Acc& acc, __m256 x, __m256 c, __m256 shift, __m256 m = __m256()) {
   const __m256 e = exp_ps(_mm256_sub_ps(x, shift));
   acc.se = _mm256_add_ps(acc.se, e);
+  if (!kMoments) return;
   // e * max(s, -FLT_MAX): e == 0 exactly where s = -inf, so no 0 * inf.
   acc.ses = _mm256_fmadd_ps(e, _mm256_max_ps(splat(-0x1.fffffep127f), x), acc.ses);
   if (kClassW) {
@@ -84,26 +86,26 @@ inline void accumulate(Acc& acc, __m256 x, __m256 c, __m256 shift, __m256 m = __
   }
 }
 
-template <bool kClassW>
+template <bool kClassW, bool kMoments>
 void sums(const float* s, const float* class_w, int64_t n, float shift_f, float* out) {
   const __m256 shift = splat(shift_f);
   const __m256 zero = _mm256_setzero_ps();
   Acc a0{zero, zero, zero}, a1{zero, zero, zero};
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    accumulate<kClassW>(a0, _mm256_loadu_ps(s + i), kClassW ? _mm256_loadu_ps(class_w + i) : zero,
-                        shift);
-    accumulate<kClassW>(a1, _mm256_loadu_ps(s + i + 8),
-                        kClassW ? _mm256_loadu_ps(class_w + i + 8) : zero, shift);
+    accumulate<kClassW, kMoments>(a0, _mm256_loadu_ps(s + i),
+                                  kClassW ? _mm256_loadu_ps(class_w + i) : zero, shift);
+    accumulate<kClassW, kMoments>(a1, _mm256_loadu_ps(s + i + 8),
+                                  kClassW ? _mm256_loadu_ps(class_w + i + 8) : zero, shift);
   }
   if (i + 8 <= n) {
-    accumulate<kClassW>(a0, _mm256_loadu_ps(s + i), kClassW ? _mm256_loadu_ps(class_w + i) : zero,
-                        shift);
+    accumulate<kClassW, kMoments>(a0, _mm256_loadu_ps(s + i),
+                                  kClassW ? _mm256_loadu_ps(class_w + i) : zero, shift);
     i += 8;
   }
   if (i < n) {
     const __m256i m = tail_mask(n - i);
-    accumulate<kClassW, true>(a1, load_tail_ninf(s + i, m),
+    accumulate<kClassW, kMoments, true>(a1, load_tail_ninf(s + i, m),
                         kClassW ? _mm256_maskload_ps(class_w + i, m) : zero, shift,
                         _mm256_castsi256_ps(m));
   }
@@ -115,14 +117,15 @@ void sums(const float* s, const float* class_w, int64_t n, float shift_f, float*
 }  // namespace
 
 void f32_online_softmax__avx2(const float* s, const float* class_w, int64_t n, int64_t j0,
-                              SoftmaxState* state) {
+                              unsigned extras, SoftmaxState* state) {
   const float tmax = tile_max(s, n);
   const float shift = detail::shift_of(tmax > state->max ? tmax : state->max);
   float t[3];
-  if (class_w) sums<true>(s, class_w, n, shift, t);
-  else sums<false>(s, class_w, n, shift, t);
+  if (!(extras & kSoftmaxMoments)) sums<false, false>(s, nullptr, n, shift, t);
+  else if (class_w) sums<true, true>(s, class_w, n, shift, t);
+  else sums<false, true>(s, class_w, n, shift, t);
   int64_t argmax = -1;
-  if (detail::tile_argmax_needed(state, tmax, j0)) {
+  if ((extras & kSoftmaxArgmax) && detail::tile_argmax_needed(state, tmax, j0)) {
     const int64_t i = find_equal(s, n, tmax);
     if (i >= 0) argmax = j0 + i;
   }

@@ -1,7 +1,8 @@
 // online_softmax, AVX-512: pass 1 the tile max (4 accumulators), pass 2 the
-// sums relative to the new shift (2 accumulator sets), masked tails; the
-// argmax and first-NaN searches stop at the first hit, and the NaN search
-// only runs when sum_exp came out NaN.
+// sums relative to the new shift (2 accumulator sets; sum_exp_s and sum_cs
+// only with kSoftmaxMoments), masked tails; the argmax and first-NaN
+// searches stop at the first hit, the argmax one runs only with
+// kSoftmaxArgmax and the NaN one only when sum_exp came out NaN.
 #include "simd/avx512/vmath_avx512.h"
 #include "simd/common.h"
 #include "simd/isa_kernels.h"
@@ -65,10 +66,11 @@ struct Acc {
 
 // One vector of terms; masked-off tail lanes arrive as s = -inf, c = 0, and
 // `m` keeps them out of sum_cs.
-template <bool kClassW>
+template <bool kClassW, bool kMoments>
 inline void accumulate(Acc& acc, __m512 x, __m512 c, __m512 shift, __mmask16 m) {
   const __m512 e = exp_ps(_mm512_sub_ps(x, shift));
   acc.se = _mm512_add_ps(acc.se, e);
+  if (!kMoments) return;
   // e * max(s, -FLT_MAX): e == 0 exactly where s = -inf, so no 0 * inf.
   acc.ses = _mm512_fmadd_ps(e, _mm512_max_ps(splat(-0x1.fffffep127f), x), acc.ses);
   if (kClassW) {
@@ -79,28 +81,28 @@ inline void accumulate(Acc& acc, __m512 x, __m512 c, __m512 shift, __mmask16 m) 
   }
 }
 
-template <bool kClassW>
+template <bool kClassW, bool kMoments>
 void sums(const float* s, const float* class_w, int64_t n, float shift_f, float* out) {
   const __m512 shift = splat(shift_f);
   const __m512 zero = _mm512_setzero_ps();
   const __mmask16 all = 0xffff;
   Acc a0{zero, zero, zero}, a1{zero, zero, zero};
   int64_t i = 0;
+  const auto add = [shift](Acc& a, __m512 x, __m512 c, __mmask16 m) {
+    accumulate<kClassW, kMoments>(a, x, c, shift, m);
+  };
   for (; i + 32 <= n; i += 32) {
-    accumulate<kClassW>(a0, _mm512_loadu_ps(s + i), kClassW ? _mm512_loadu_ps(class_w + i) : zero,
-                        shift, all);
-    accumulate<kClassW>(a1, _mm512_loadu_ps(s + i + 16),
-                        kClassW ? _mm512_loadu_ps(class_w + i + 16) : zero, shift, all);
+    add(a0, _mm512_loadu_ps(s + i), kClassW ? _mm512_loadu_ps(class_w + i) : zero, all);
+    add(a1, _mm512_loadu_ps(s + i + 16), kClassW ? _mm512_loadu_ps(class_w + i + 16) : zero, all);
   }
   if (i + 16 <= n) {
-    accumulate<kClassW>(a0, _mm512_loadu_ps(s + i), kClassW ? _mm512_loadu_ps(class_w + i) : zero,
-                        shift, all);
+    add(a0, _mm512_loadu_ps(s + i), kClassW ? _mm512_loadu_ps(class_w + i) : zero, all);
     i += 16;
   }
   if (i < n) {
     const __mmask16 m = tail_mask(n - i);
-    accumulate<kClassW>(a1, _mm512_mask_loadu_ps(splat(-detail::kInf), m, s + i),
-                        kClassW ? _mm512_maskz_loadu_ps(m, class_w + i) : zero, shift, m);
+    add(a1, _mm512_mask_loadu_ps(splat(-detail::kInf), m, s + i),
+        kClassW ? _mm512_maskz_loadu_ps(m, class_w + i) : zero, m);
   }
   out[0] = _mm512_reduce_add_ps(_mm512_add_ps(a0.se, a1.se));
   out[1] = _mm512_reduce_add_ps(_mm512_add_ps(a0.ses, a1.ses));
@@ -110,14 +112,15 @@ void sums(const float* s, const float* class_w, int64_t n, float shift_f, float*
 }  // namespace
 
 void f32_online_softmax__avx512(const float* s, const float* class_w, int64_t n, int64_t j0,
-                                SoftmaxState* state) {
+                                unsigned extras, SoftmaxState* state) {
   const float tmax = tile_max(s, n);
   const float shift = detail::shift_of(tmax > state->max ? tmax : state->max);
   float t[3];
-  if (class_w) sums<true>(s, class_w, n, shift, t);
-  else sums<false>(s, class_w, n, shift, t);
+  if (!(extras & kSoftmaxMoments)) sums<false, false>(s, nullptr, n, shift, t);
+  else if (class_w) sums<true, true>(s, class_w, n, shift, t);
+  else sums<false, true>(s, class_w, n, shift, t);
   int64_t argmax = -1;
-  if (detail::tile_argmax_needed(state, tmax, j0)) {
+  if ((extras & kSoftmaxArgmax) && detail::tile_argmax_needed(state, tmax, j0)) {
     const int64_t i = find_equal(s, n, tmax);
     if (i >= 0) argmax = j0 + i;
   }

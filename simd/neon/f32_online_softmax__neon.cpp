@@ -1,7 +1,8 @@
 // online_softmax, NEON: pass 1 the tile max (4 accumulators), pass 2 the
-// sums relative to the new shift (2 accumulator sets); the tail goes through
-// one padded vector; the argmax and first-NaN searches stop at the first hit,
-// and the NaN search only runs when sum_exp came out NaN.
+// sums relative to the new shift (2 accumulator sets; sum_exp_s and sum_cs
+// only with kSoftmaxMoments); the tail goes through one padded vector; the
+// argmax and first-NaN searches stop at the first hit, the argmax one runs
+// only with kSoftmaxArgmax and the NaN one only when sum_exp came out NaN.
 #include "simd/common.h"
 #include "simd/isa_kernels.h"
 #include "simd/neon/vmath_neon.h"
@@ -71,10 +72,11 @@ struct Acc {
 
 // One vector of terms; padded tail lanes arrive as s = -inf, c = 0, and
 // `m` (all ones in the body) keeps them out of sum_cs.
-template <bool kClassW>
+template <bool kClassW, bool kMoments>
 inline void accumulate(Acc& acc, float32x4_t x, float32x4_t c, float32x4_t shift, uint32x4_t m) {
   const float32x4_t e = exp_ps(vsubq_f32(x, shift));
   acc.se = vaddq_f32(acc.se, e);
+  if (!kMoments) return;
   // e * max(s, -FLT_MAX) (FMAX keeps NaN): e == 0 exactly where s = -inf.
   acc.ses = vfmaq_f32(acc.ses, e, vmaxq_f32(x, splat(-0x1.fffffep127f)));
   if (kClassW) {
@@ -86,20 +88,22 @@ inline void accumulate(Acc& acc, float32x4_t x, float32x4_t c, float32x4_t shift
   }
 }
 
-template <bool kClassW>
+template <bool kClassW, bool kMoments>
 void sums(const float* s, const float* class_w, int64_t n, float shift_f, float* out) {
   const float32x4_t shift = splat(shift_f);
   const float32x4_t zero = splat(0.0f);
   const uint32x4_t all = vdupq_n_u32(~0u);
   Acc a0{zero, zero, zero}, a1{zero, zero, zero};
   int64_t i = 0;
+  const auto add = [shift](Acc& a, float32x4_t x, float32x4_t c, uint32x4_t m) {
+    accumulate<kClassW, kMoments>(a, x, c, shift, m);
+  };
   for (; i + 8 <= n; i += 8) {
-    accumulate<kClassW>(a0, vld1q_f32(s + i), kClassW ? vld1q_f32(class_w + i) : zero, shift, all);
-    accumulate<kClassW>(a1, vld1q_f32(s + i + 4), kClassW ? vld1q_f32(class_w + i + 4) : zero,
-                        shift, all);
+    add(a0, vld1q_f32(s + i), kClassW ? vld1q_f32(class_w + i) : zero, all);
+    add(a1, vld1q_f32(s + i + 4), kClassW ? vld1q_f32(class_w + i + 4) : zero, all);
   }
   if (i + 4 <= n) {
-    accumulate<kClassW>(a0, vld1q_f32(s + i), kClassW ? vld1q_f32(class_w + i) : zero, shift, all);
+    add(a0, vld1q_f32(s + i), kClassW ? vld1q_f32(class_w + i) : zero, all);
     i += 4;
   }
   if (i < n) {
@@ -107,8 +111,8 @@ void sums(const float* s, const float* class_w, int64_t n, float shift_f, float*
     const uint32x4_t m = vcltq_u32(vcombine_u32(vcreate_u32(0x0000000100000000ull),
                                                 vcreate_u32(0x0000000300000002ull)),
                                    vdupq_n_u32(uint32_t(r)));
-    accumulate<kClassW>(a1, load_partial(s + i, r, -detail::kInf),
-                        kClassW ? load_partial(class_w + i, r, 0.0f) : zero, shift, m);
+    add(a1, load_partial(s + i, r, -detail::kInf),
+        kClassW ? load_partial(class_w + i, r, 0.0f) : zero, m);
   }
   out[0] = vaddvq_f32(vaddq_f32(a0.se, a1.se));
   out[1] = vaddvq_f32(vaddq_f32(a0.ses, a1.ses));
@@ -118,14 +122,15 @@ void sums(const float* s, const float* class_w, int64_t n, float shift_f, float*
 }  // namespace
 
 void f32_online_softmax__neon(const float* s, const float* class_w, int64_t n, int64_t j0,
-                              SoftmaxState* state) {
+                              unsigned extras, SoftmaxState* state) {
   const float tmax = tile_max(s, n);
   const float shift = detail::shift_of(tmax > state->max ? tmax : state->max);
   float t[3];
-  if (class_w) sums<true>(s, class_w, n, shift, t);
-  else sums<false>(s, class_w, n, shift, t);
+  if (!(extras & kSoftmaxMoments)) sums<false, false>(s, nullptr, n, shift, t);
+  else if (class_w) sums<true, true>(s, class_w, n, shift, t);
+  else sums<false, true>(s, class_w, n, shift, t);
   int64_t argmax = -1;
-  if (detail::tile_argmax_needed(state, tmax, j0)) {
+  if ((extras & kSoftmaxArgmax) && detail::tile_argmax_needed(state, tmax, j0)) {
     const int64_t i = find_equal(s, n, tmax);
     if (i >= 0) argmax = j0 + i;
   }

@@ -8,23 +8,25 @@
 namespace flce::simd {
 
 void f32_online_softmax__scalar(const float* s, const float* class_w, int64_t n, int64_t j0,
-                                SoftmaxState* state) {
+                                unsigned extras, SoftmaxState* state) {
   float tile_max = -detail::kInf;  // NaN compares false: ignored
   for (int64_t i = 0; i < n; ++i)
     if (s[i] > tile_max) tile_max = s[i];
 
   const float shift = detail::shift_of(tile_max > state->max ? tile_max : state->max);
+  const bool moments = extras & kSoftmaxMoments;
   float sum_exp = 0, sum_exp_s = 0, sum_cs = 0;
   for (int64_t i = 0; i < n; ++i) {
     const float e = std::exp(s[i] - shift);
     sum_exp += e;
+    if (!moments) continue;
     sum_exp_s += e == 0 ? 0.0f : e * s[i];
     if (class_w) sum_cs += class_w[i] == 0 ? 0.0f : class_w[i] * s[i];
     else sum_cs += s[i];
   }
 
   int64_t argmax = -1;
-  if (detail::tile_argmax_needed(state, tile_max, j0))
+  if ((extras & kSoftmaxArgmax) && detail::tile_argmax_needed(state, tile_max, j0))
     for (int64_t i = 0; i < n; ++i)
       if (s[i] == tile_max) { argmax = j0 + i; break; }
   int64_t first_nan = -1;

@@ -559,8 +559,8 @@ inline void check_online_softmax(const KernelSet& ks, const KernelSet& ref, Repo
             // Only the fresh state at every offset; the rest at offsets 0, 1.
             if (off > 1 && std::string(in.name) != "fresh") continue;
             SoftmaxState sr = in.st, sk = in.st;
-            ref.online_softmax(s.data(), cw_ref, n, j0, &sr);
-            ks.online_softmax(sv.data(), cw_vec, n, j0, &sk);
+            ref.online_softmax(s.data(), cw_ref, n, j0, kSoftmaxAll, &sr);
+            ks.online_softmax(sv.data(), cw_vec, n, j0, kSoftmaxAll, &sk);
             const std::string where =
                 format("%s online_softmax n=%lld off=%d %s cw=%d j0=%lld state=%s", ks.isa,
                        (long long)n, off, pattern_name(p), int(with_cw), (long long)j0, in.name);
@@ -634,6 +634,54 @@ inline void check_online_softmax(const KernelSet& ks, const KernelSet& ref, Repo
         }
 }
 
+// Leaving SoftmaxExtras out (kernels.h): the max, sum_exp and first_nan keep
+// the bits of the call with every extra; sum_exp_s and sum_cs keep theirs
+// with kSoftmaxMoments and are the old state's, rescaled, without; argmax
+// keeps its value with kSoftmaxArgmax and is the old state's without.
+inline void check_online_softmax_extras(const KernelSet& ks, Report& r) {
+  Rng rng(5);
+  for (int64_t n : test_lengths(ks.width))
+    for (Pattern p : kPatterns)
+      for (bool with_cw : {false, true}) {
+        const auto s = make_values(p, n, rng);
+        const auto c = make_class_weights(s, rng);
+        const float* cw = with_cw ? c.data() : nullptr;
+        float m = -kInf;
+        for (float v : s) m = v > m ? v : m;
+        const int64_t j0 = 7;
+        for (const NamedState& in : incoming_states(m, j0, n)) {
+          SoftmaxState all = in.st;
+          ks.online_softmax(s.data(), cw, n, j0, kSoftmaxAll, &all);
+          for (unsigned extras : {0u, unsigned(kSoftmaxMoments), unsigned(kSoftmaxArgmax)}) {
+            SoftmaxState got = in.st;
+            ks.online_softmax(s.data(), cw, n, j0, extras, &got);
+            const std::string where =
+                format("%s online_softmax extras=%u n=%lld %s cw=%d state=%s", ks.isa, extras,
+                       (long long)n, pattern_name(p), int(with_cw), in.name);
+            r.expect(bits(got.max) == bits(all.max) && bits(got.sum_exp) == bits(all.sum_exp) &&
+                         got.first_nan == all.first_nan,
+                     where + ": max, sum_exp or first_nan differ from the call with every extra");
+            // The old sums rescaled as fold_tile does, plus the tile's 0.
+            const float m0 = in.st.max, mt = m > m0 ? m : m0;
+            float f = 1;
+            if (m0 != mt)
+              f = m0 == -kInf ? 0.0f
+                              : std::exp((std::isfinite(m0) ? m0 : 0.0f) - (std::isfinite(mt) ? mt : 0.0f));
+            const bool moments = extras & kSoftmaxMoments;
+            const float want_ses = moments ? all.sum_exp_s : in.st.sum_exp_s * f + 0.0f;
+            const float want_scs = moments ? all.sum_cs : in.st.sum_cs + 0.0f;
+            auto same = [](float a, float b) { return bits(a) == bits(b) || (a != a && b != b); };
+            r.expect(same(got.sum_exp_s, want_ses) && same(got.sum_cs, want_scs),
+                     format("%s: sum_exp_s %a sum_cs %a, expected %a %a", where.c_str(),
+                            got.sum_exp_s, got.sum_cs, want_ses, want_scs));
+            const int64_t want_arg = (extras & kSoftmaxArgmax) ? all.argmax : in.st.argmax;
+            r.expect(got.argmax == want_arg, format("%s: argmax %lld, expected %lld", where.c_str(),
+                                                    (long long)got.argmax, (long long)want_arg));
+          }
+        }
+      }
+}
+
 // The reference itself against double precision on a few rows: max, argmax,
 // first_nan, lse = max + log(sum_exp) when folded tile by tile.
 inline void check_softmax_semantics(const KernelSet& ks, Report& r) {
@@ -645,7 +693,7 @@ inline void check_softmax_semantics(const KernelSet& ks, Report& r) {
     softmax_state_init(&st);
     for (int64_t j = 0; j < n; j += 300) {
       const int64_t len = n - j < 300 ? n - j : 300;
-      ks.online_softmax(s.data() + j, nullptr, len, j, &st);
+      ks.online_softmax(s.data() + j, nullptr, len, j, kSoftmaxAll, &st);
     }
     // Expected, in double.
     double m = -INFINITY;

@@ -46,6 +46,8 @@ int main() {
     run("neon online_softmax vs scalar",
         [&](t::Report& r) { t::check_online_softmax(*neon, scalar, r); });
     run("neon online_softmax semantics", [&](t::Report& r) { t::check_softmax_semantics(*neon, r); });
+    run("neon online_softmax extras",
+        [&](t::Report& r) { t::check_online_softmax_extras(*neon, r); });
     run("neon dlogits vs scalar", [&](t::Report& r) { t::check_dlogits(*neon, scalar, r); });
   }
   run("scalar exp accuracy", [&](t::Report& r) { t::check_exp_accuracy(scalar, t::kRefExpUlp, r); });

@@ -158,6 +158,11 @@ Plan make_plan(const Problem& p, Pass pass, const RunConfig& config) {
                 !(p.options.softcap > 0 && p.options.label_smoothing > 0);
   plan.filter_uniform = plan.filter && p.options.label_smoothing > 0;
 
+  const bool moments = p.entropy.present() || p.grad_entropy.present() ||
+                       p.options.label_smoothing > 0;
+  plan.softmax_extras = (moments ? simd::kSoftmaxMoments : 0u) |
+                        (p.argmax.present() ? simd::kSoftmaxArgmax : 0u);
+
   const int64_t V = plan.d.v;
   const int64_t fit = score_budget_bytes() / (V * 4);
   plan.tile_scores = pass == Pass::forward;

@@ -88,7 +88,7 @@ void scores_and_states(const Context& c, int64_t i0, int64_t rows) {
       float* s = tile + r * ld;
       simd::SoftmaxState* st = c.ws.states + r * plan.tiles + t;
       simd::softmax_state_init(st);
-      plan.kernels->online_softmax(s, class_w, n, j0, st);
+      plan.kernels->online_softmax(s, class_w, n, j0, plan.softmax_extras, st);
       if (plan.tile_scores) {  // the tile is gone after this: keep the label's score
         const int64_t y = load_int(c.p.labels, i0 + r);
         if (y >= j0 && y < j0 + n) c.ws.label_score[r] = s[y - j0];
