@@ -106,8 +106,8 @@ void sums(const float* s, const float* class_w, int64_t n, float shift_f, float*
   if (i < n) {
     const __m256i m = tail_mask(n - i);
     accumulate<kClassW, kMoments, true>(a1, load_tail_ninf(s + i, m),
-                        kClassW ? _mm256_maskload_ps(class_w + i, m) : zero, shift,
-                        _mm256_castsi256_ps(m));
+                                        kClassW ? _mm256_maskload_ps(class_w + i, m) : zero,
+                                        shift, _mm256_castsi256_ps(m));
   }
   out[0] = hsum(_mm256_add_ps(a0.se, a1.se));
   out[1] = hsum(_mm256_add_ps(a0.ses, a1.ses));
