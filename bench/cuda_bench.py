@@ -12,7 +12,7 @@ of --reps CUDA-event timings after 3 warm-ups, on random data (never zeros),
 taken in rounds: each round times every call below once, in an order
 shuffled per round (fixed seed), so that neither the GPU's clocks under
 sustained load nor what ran just before weigh on one call more than on
-another (the first flce call after the GEMMs measured 6-9% slower).
+another (the first flce call after the GEMMs measured 5-10% slower).
   gemm3     logits = x W^T, grad_x = G W, grad_W = G^T x as torch.mm in bf16
             (cuBLAS), G a random bf16 [N, V] array; gemm1 is the first alone.
   flce      flce.loss_and_grad / flce.forward on the torch CUDA tensors,
