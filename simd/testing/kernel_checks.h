@@ -525,6 +525,14 @@ inline std::vector<NamedState> incoming_states(float m, int64_t j0, int64_t n) {
   return out;
 }
 
+// The factor fold_tile rescales an old state's sums by when the max goes
+// from m0 to mt: exp(shift(m0) - shift(mt)), 0 for m0 = -inf, 1 if unchanged.
+inline float rescale_factor(float m0, float mt) {
+  if (m0 == mt) return 1.0f;
+  if (m0 == -kInf) return 0.0f;
+  return std::exp((std::isfinite(m0) ? m0 : 0.0f) - (std::isfinite(mt) ? mt : 0.0f));
+}
+
 // Compares one sum: NaN <-> NaN, inf exactly, else within tol.
 inline void expect_sum(Report& r, const std::string& where, const char* what, float v, float e,
                        double tol) {
@@ -590,9 +598,7 @@ inline void check_online_softmax(const KernelSet& ks, const KernelSet& ref, Repo
               if (ci != 0) scs += std::fabs(double(ci) * si), xscs += double(ci) * si;
               if (std::isfinite(si)) smax = std::fabs(si) > smax ? std::fabs(si) : smax;
             }
-            // The old state's rescale factor, as fold_tile computes it.
-            float f = 1;
-            if (m0 != mt) f = m0 == -kInf ? 0.0f : std::exp((std::isfinite(m0) ? m0 : 0.0f) - shift);
+            const float f = rescale_factor(m0, mt);
             const double old_se = double(in.st.sum_exp * f);
             const double old_ses = double(in.st.sum_exp_s * f);
             const double old_scs = double(in.st.sum_cs);
@@ -662,11 +668,7 @@ inline void check_online_softmax_extras(const KernelSet& ks, Report& r) {
                          got.first_nan == all.first_nan,
                      where + ": max, sum_exp or first_nan differ from the call with every extra");
             // The old sums rescaled as fold_tile does, plus the tile's 0.
-            const float m0 = in.st.max, mt = m > m0 ? m : m0;
-            float f = 1;
-            if (m0 != mt)
-              f = m0 == -kInf ? 0.0f
-                              : std::exp((std::isfinite(m0) ? m0 : 0.0f) - (std::isfinite(mt) ? mt : 0.0f));
+            const float m0 = in.st.max, f = rescale_factor(m0, m > m0 ? m : m0);
             const bool moments = extras & kSoftmaxMoments;
             const float want_ses = moments ? all.sum_exp_s : in.st.sum_exp_s * f + 0.0f;
             const float want_scs = moments ? all.sum_cs : in.st.sum_cs + 0.0f;
