@@ -184,7 +184,10 @@ void merge_rows(const Context& c, int64_t i0, int64_t rows) {
     RowInfo& info = c.ws.rows[r];
     info = labelled_row(c, i);
     info.lse = plan.pass == Pass::backward ? load(p.lse, i) : lse_of(m);
-    info.sbar = m.max == INFINITY ? NAN : weighted_mean_score(st, plan.tiles, info.lse);
+    // sbar (an exp per tile) only where the entropy's sums were computed:
+    // its output and cotangent are its only readers.
+    if (plan.softmax_extras & simd::kSoftmaxMoments)
+      info.sbar = m.max == INFINITY ? NAN : weighted_mean_score(st, plan.tiles, info.lse);
     if (!info.ignored)
       info.s_y = plan.tile_scores ? c.ws.label_score[r] : c.ws.scores[r * plan.d.v + info.y];
     if (plan.pass != Pass::forward) set_grad_terms(c, i, &info);
