@@ -418,7 +418,7 @@ __device__ float round_as(float v) {
 enum DlogitsForm { kGeneral, kPlain, kPlainSoftcap };
 
 DlogitsForm dlogits_form(const LossArgs& g) {
-  const bool plain = g.a == 1 && g.e == 0 && !g.need_sbar && !g.grad_entropy.present() &&
+  const bool plain = g.a == 1 && g.e == 0 && !g.need_sbar &&  // need_sbar: grad_entropy too
                      g.class_w == nullptr && g.bias_f32 == nullptr;
   if (!plain) return kGeneral;
   return g.k > 0 ? kPlainSoftcap : kPlain;
