@@ -20,7 +20,7 @@ void softmax_state_init(SoftmaxState* state) {
 
 const KernelSet& scalar_kernels() {
   static const KernelSet set{"scalar", 1, f32_exp__scalar, f32_scores__scalar,
-                             f32_online_softmax__scalar, f32_dlogits__scalar};
+                             f32_online_softmax__scalar, f32_dlogits__scalar, nullptr};
   return set;
 }
 
@@ -48,7 +48,7 @@ bool cpu_has_avx512_fbwvldq() {
 const KernelSet* avx2_kernels() {
 #if defined(FLCE_SIMD_HAVE_AVX2)
   static const KernelSet set{"avx2", 8, f32_exp__avx2, f32_scores__avx2,
-                             f32_online_softmax__avx2, f32_dlogits__avx2};
+                             f32_online_softmax__avx2, f32_dlogits__avx2, nullptr};
   static const bool ok = cpu_has_avx2_fma();
   return ok ? &set : nullptr;
 #else
@@ -59,7 +59,8 @@ const KernelSet* avx2_kernels() {
 const KernelSet* avx512_kernels() {
 #if defined(FLCE_SIMD_HAVE_AVX512)
   static const KernelSet set{"avx512", 16, f32_exp__avx512, f32_scores__avx512,
-                             f32_online_softmax__avx512, f32_dlogits__avx512};
+                             f32_online_softmax__avx512, f32_dlogits__avx512,
+                             f32_gemm_tn__avx512};
   static const bool ok = cpu_has_avx512_fbwvldq();
   return ok ? &set : nullptr;
 #else
@@ -70,7 +71,7 @@ const KernelSet* avx512_kernels() {
 const KernelSet* neon_kernels() {
 #if defined(FLCE_SIMD_HAVE_NEON)
   static const KernelSet set{"neon", 4, f32_exp__neon, f32_scores__neon,
-                             f32_online_softmax__neon, f32_dlogits__neon};
+                             f32_online_softmax__neon, f32_dlogits__neon, nullptr};
   return &set;  // Advanced SIMD is part of the AArch64 base ISA
 #else
   return nullptr;

@@ -30,6 +30,10 @@
 //                  g = a (1 - (s/k)^2) d if k > 0, else a d. A term whose coefficient
 //                  is 0 is left out (coef_h == 0: no entropy term even where
 //                  p (s - sbar) would be inf or NaN).
+//  gemm_tn         C = (accumulate ? C : 0) + A^T B, each element summed in
+//                  order of k by fused multiply-adds from C (or 0), so its bits
+//                  do not depend on m, n or where the caller splits them.
+//                  AVX-512 only (f32_gemm_tn__avx512.cpp says why).
 #pragma once
 
 #include <cstdint>
@@ -53,5 +57,8 @@ FLCE_SIMD_DECLARE_SET(avx512)
 FLCE_SIMD_DECLARE_SET(neon)
 
 #undef FLCE_SIMD_DECLARE_SET
+
+void f32_gemm_tn__avx512(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                         const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate);
 
 }  // namespace flce::simd

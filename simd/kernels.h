@@ -76,6 +76,12 @@ struct KernelSet {
   // g[i] from s[i] per DlogitsParams; g may equal s (in place); class_w may be null.
   void (*dlogits)(const float* s, const float* class_w, int64_t n, const DlogitsParams* params,
                   float* g);
+  // C[m, n] = (accumulate ? C : 0) + A^T B, A stored [k, m] (row stride
+  // lda), B [k, n] (ldb), C [m, n] (ldc): the grad_W update, whose k (the
+  // rows of a block) is short. Null where the set has none: the GEMM engine
+  // does it then.
+  void (*gemm_tn)(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+                  int64_t ldb, float* c, int64_t ldc, bool accumulate);
 };
 
 // The sets compiled into this binary, best first, and the one chosen once

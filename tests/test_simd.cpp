@@ -4,11 +4,17 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "simd/dispatch.h"
 #include "simd/kernels.h"
 #include "simd/testing/kernel_checks.h"
+#include "support/tolerance.h"
 
 namespace flce::simd {
 namespace {
@@ -103,6 +109,70 @@ TEST_P(SimdKernels, DlogitsMatchesScalar) {
   Report r;
   testing::check_dlogits(*ks, scalar_kernels(), r);
   EXPECT_EQ(r.failed, 0) << r.summary();
+}
+
+// gemm_tn, C (+)= A^T B, over the sizes around its 6 x 64 micro-tile and
+// 512-column panels, with A and B inside larger arrays and C written with
+// and without accumulate. Each element must be within gamma_{k+1} (|C| +
+// sum_p |a_p b_p|) of the exact sum (the bound of any k + 1 term f32 sum,
+// NUMERICS.md); without accumulate a NaN-filled C must be ignored; the
+// padding of C must stay untouched; and splitting m and n over four calls
+// must give the same bits (the kernel's promise, which keeps the cpu
+// backend's grad_W independent of its tiling).
+TEST_P(SimdKernels, GemmTnSweep) {
+  SIMD_REQUIRE_SET(ks);
+  if (!ks->gemm_tn) GTEST_SKIP() << GetParam() << " has no gemm_tn: the GEMM engine runs grad_W";
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  const double u = std::ldexp(1.0, -24);
+  int failures = 0;
+  for (int64_t m : {1, 5, 6, 7, 13, 64}) {
+    for (int64_t n : {1, 15, 16, 17, 63, 64, 65, 130, 512, 513, 600}) {
+      for (int64_t k : {1, 2, 7, 48}) {
+        for (bool accumulate : {false, true}) {
+          const int64_t lda = m + 3, ldb = n + 5, ldc = n + 2;
+          std::vector<float> a(size_t(k * lda)), b(size_t(k * ldb)), c0(size_t(m * ldc));
+          for (float& v : a) v = normal(rng);
+          for (float& v : b) v = normal(rng);
+          for (float& v : c0) v = accumulate ? normal(rng) : std::numeric_limits<float>::quiet_NaN();
+          auto call = [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1, float* c) {
+            if (i1 > i0 && j1 > j0)
+              ks->gemm_tn(i1 - i0, j1 - j0, k, a.data() + i0, lda, b.data() + j0, ldb,
+                          c + i0 * ldc + j0, ldc, accumulate);
+          };
+          const std::string where = "m=" + std::to_string(m) + " n=" + std::to_string(n) +
+                                    " k=" + std::to_string(k) + " acc=" + std::to_string(accumulate);
+          std::vector<float> c = c0;
+          call(0, m, 0, n, c.data());
+          for (int64_t i = 0; i < m; ++i) {
+            for (int64_t j = 0; j < n; ++j) {
+              double exact = accumulate ? c0[i * ldc + j] : 0.0, mag = std::fabs(exact);
+              for (int64_t p = 0; p < k; ++p) {
+                const double t = double(a[p * lda + i]) * b[p * ldb + j];
+                exact += t, mag += std::fabs(t);
+              }
+              const double bound = flce_test::gamma(double(k + 1), u) * mag;
+              if (!(std::fabs(c[i * ldc + j] - exact) <= bound) && ++failures <= 5)
+                ADD_FAILURE() << where << ": C[" << i << "," << j << "] = " << c[i * ldc + j]
+                              << ", exact " << exact << " (bound " << bound << ")";
+            }
+            for (int64_t j = n; j < ldc; ++j)
+              if (std::memcmp(&c[i * ldc + j], &c0[i * ldc + j], 4) != 0 && ++failures <= 5)
+                ADD_FAILURE() << where << ": padding C[" << i << "," << j << "] written";
+          }
+          std::vector<float> split = c0;
+          const int64_t mh = m / 2, nh = n / 3;
+          call(0, mh, 0, nh, split.data()), call(0, mh, nh, n, split.data());
+          call(mh, m, 0, nh, split.data()), call(mh, m, nh, n, split.data());
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < n; ++j)
+              if (std::memcmp(&split[i * ldc + j], &c[i * ldc + j], 4) != 0 && ++failures <= 5)
+                ADD_FAILURE() << where << ": C[" << i << "," << j << "] differs when the call is split";
+        }
+      }
+    }
+  }
+  EXPECT_EQ(failures, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Simd, SimdKernels,

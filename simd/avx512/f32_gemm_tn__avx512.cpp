@@ -1,0 +1,151 @@
+// f32_gemm_tn__avx512: C[m, n] (+)= A^T B for a short k, the cpu backend's
+// grad_W update (grad_W_tile [T, H] += G_tile^T [T, R] X_block [R, H], k = R
+// rows of the block). See isa_kernels.h for the contract.
+//
+// Why not the GEMM library: with k = 48..256 each element of C takes only
+// k FMAs between its load and its store, and oneDNN ran these at half its
+// large-GEMM rate (k = 48: 164-180 of 376 GFLOP/s on the 2-core Zen 5).
+//   micro-tile   6 rows of C x 64 columns (4 vectors): 24 accumulators held
+//                in registers for all of k, C loaded and stored once; per k,
+//                4 vector loads of B and 6 broadcasts of A for 24 FMAs.
+//   packing      A's columns and B's rows lie a row of G or X apart (V or H
+//                floats, often a power of two: every one in the same L1
+//                set), so each 6-column strip of A and each 64-column panel
+//                of B is first copied to a contiguous [k, 6] or [k, 64]
+//                block, zero-padded at the edges.
+//   blocking     panels of kPanelCols columns of C: the packed B panel
+//                ([k, kPanelCols], 256 KiB at k = 128) stays in L2 while
+//                every strip of A passes over it.
+// Each element is C (or 0) + a_0 b_0 + a_1 b_1 + ... in order of k, as fused
+// multiply-adds, so a result does not depend on how the caller splits m or n.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <new>
+
+#include "simd/isa_kernels.h"
+
+namespace flce::simd {
+namespace {
+
+constexpr int kMR = 6;               // rows of C per micro-tile
+constexpr int kNR = 64;              // columns of C per micro-tile
+constexpr int64_t kPanelCols = 512;  // columns of C per B panel
+
+// 6 x 64 of C += Ap^T Bp: Ap is [k, 6], Bp is [k, 64], both packed. C rows
+// are ldc apart; with !accumulate C is written, not read.
+void micro_tile(int64_t k, const float* ap, const float* bp, float* c, int64_t ldc, bool accumulate) {
+#define FLCE_ROW(i) __m512 c##i##0, c##i##1, c##i##2, c##i##3;
+  FLCE_ROW(0) FLCE_ROW(1) FLCE_ROW(2) FLCE_ROW(3) FLCE_ROW(4) FLCE_ROW(5)
+#undef FLCE_ROW
+#define FLCE_INIT(i)                                                                 \
+  c##i##0 = accumulate ? _mm512_loadu_ps(c + i * ldc) : _mm512_setzero_ps();       \
+  c##i##1 = accumulate ? _mm512_loadu_ps(c + i * ldc + 16) : _mm512_setzero_ps();  \
+  c##i##2 = accumulate ? _mm512_loadu_ps(c + i * ldc + 32) : _mm512_setzero_ps();  \
+  c##i##3 = accumulate ? _mm512_loadu_ps(c + i * ldc + 48) : _mm512_setzero_ps();
+  FLCE_INIT(0) FLCE_INIT(1) FLCE_INIT(2) FLCE_INIT(3) FLCE_INIT(4) FLCE_INIT(5)
+#undef FLCE_INIT
+  for (int64_t p = 0; p < k; ++p, ap += kMR, bp += kNR) {
+    const __m512 b0 = _mm512_load_ps(bp), b1 = _mm512_load_ps(bp + 16);
+    const __m512 b2 = _mm512_load_ps(bp + 32), b3 = _mm512_load_ps(bp + 48);
+#define FLCE_FMA(i)                                 \
+  {                                                 \
+    const __m512 a = _mm512_set1_ps(ap[i]);         \
+    c##i##0 = _mm512_fmadd_ps(a, b0, c##i##0);      \
+    c##i##1 = _mm512_fmadd_ps(a, b1, c##i##1);      \
+    c##i##2 = _mm512_fmadd_ps(a, b2, c##i##2);      \
+    c##i##3 = _mm512_fmadd_ps(a, b3, c##i##3);      \
+  }
+    FLCE_FMA(0) FLCE_FMA(1) FLCE_FMA(2) FLCE_FMA(3) FLCE_FMA(4) FLCE_FMA(5)
+#undef FLCE_FMA
+  }
+#define FLCE_STORE(i)                          \
+  _mm512_storeu_ps(c + i * ldc, c##i##0);      \
+  _mm512_storeu_ps(c + i * ldc + 16, c##i##1); \
+  _mm512_storeu_ps(c + i * ldc + 32, c##i##2); \
+  _mm512_storeu_ps(c + i * ldc + 48, c##i##3);
+  FLCE_STORE(0) FLCE_STORE(1) FLCE_STORE(2) FLCE_STORE(3) FLCE_STORE(4) FLCE_STORE(5)
+#undef FLCE_STORE
+}
+
+// An edge micro-tile (rows < 6 or cols < 64): through a full 6 x 64 copy.
+void edge_tile(int64_t k, const float* ap, const float* bp, float* c, int64_t ldc, bool accumulate,
+               int rows, int64_t cols) {
+  alignas(64) float tile[kMR * kNR] = {};
+  for (int i = 0; i < rows && accumulate; ++i) std::copy_n(c + i * ldc, cols, tile + i * kNR);
+  micro_tile(k, ap, bp, tile, kNR, true);
+  for (int i = 0; i < rows; ++i) std::copy_n(tile + i * kNR, cols, c + i * ldc);
+}
+
+// Per-thread packing buffers, grown as needed and kept.
+struct PackBuffers {
+  float* a = nullptr;
+  float* b = nullptr;
+  size_t a_floats = 0, b_floats = 0;
+  ~PackBuffers() { std::free(a), std::free(b); }
+  static float* grow(float** p, size_t* have, size_t need) {
+    if (need > *have) {
+      std::free(*p);
+      *p = static_cast<float*>(std::aligned_alloc(64, (need * 4 + 63) / 64 * 64));
+      if (*p == nullptr) throw std::bad_alloc();
+      *have = need;
+    }
+    return *p;
+  }
+};
+
+// Bp = B[0..k, j0 .. j0+cols) as ceil(cols / 64) blocks of [k, 64], zero-padded.
+void pack_b(int64_t k, const float* b, int64_t ldb, int64_t cols, float* bp) {
+  for (int64_t jb = 0; jb < cols; jb += kNR) {
+    const int64_t w = std::min<int64_t>(kNR, cols - jb);
+    for (int64_t p = 0; p < k; ++p, bp += kNR) {
+      std::copy_n(b + p * ldb + jb, w, bp);
+      std::fill(bp + w, bp + kNR, 0.0f);
+    }
+  }
+}
+
+// Ap = A[0..k, 0..m)^T as ceil(m / 6) strips of [k, 6], zero-padded: each
+// row of A (contiguous) is read once.
+void pack_a(int64_t k, int64_t m, const float* a, int64_t lda, float* ap) {
+  const int64_t strips = (m + kMR - 1) / kMR;
+  for (int64_t p = 0; p < k; ++p) {
+    for (int64_t s = 0; s < strips; ++s) {
+      float* dst = ap + (s * k + p) * kMR;
+      const int64_t w = std::min<int64_t>(kMR, m - s * kMR);
+      std::copy_n(a + p * lda + s * kMR, w, dst);
+      std::fill(dst + w, dst + kMR, 0.0f);
+    }
+  }
+}
+
+}  // namespace
+
+void f32_gemm_tn__avx512(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                         const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  thread_local PackBuffers buf;
+  const int64_t strips = (m + kMR - 1) / kMR;
+  float* ap = PackBuffers::grow(&buf.a, &buf.a_floats, size_t(strips * k * kMR));
+  float* bp = PackBuffers::grow(&buf.b, &buf.b_floats, size_t(k * kPanelCols));
+  pack_a(k, m, a, lda, ap);
+  for (int64_t n0 = 0; n0 < n; n0 += kPanelCols) {
+    const int64_t panel = std::min(kPanelCols, n - n0);
+    pack_b(k, b + n0, ldb, panel, bp);
+    for (int64_t s = 0; s < strips; ++s) {
+      const int rows = int(std::min<int64_t>(kMR, m - s * kMR));
+      for (int64_t jb = 0; jb < panel; jb += kNR) {
+        const int64_t cols = std::min<int64_t>(kNR, panel - jb);
+        float* ct = c + s * kMR * ldc + n0 + jb;
+        const float* bt = bp + jb * k;
+        if (rows == kMR && cols == kNR)
+          micro_tile(k, ap + s * k * kMR, bt, ct, ldc, accumulate);
+        else
+          edge_tile(k, ap + s * k * kMR, bt, ct, ldc, accumulate, rows, cols);
+      }
+    }
+  }
+}
+
+}  // namespace flce::simd
