@@ -6,8 +6,9 @@
 //   scores          s_j = softcap(a * (u_j + b_j))            (in place)
 //   online_softmax  folds s_0..s_{n-1} into the row's running state
 //   dlogits         g_j = d objective / d u_j from s_j and the row's lse
-// plus exp, used by both and tested on its own. The README's "Semantics"
-// defines every quantity; names follow XNNPACK's habit:
+// plus exp, used by both and tested on its own, and (where an ISA has one)
+// gemm_tn, the grad_W product G^T X of a tile, whose k is short. The
+// README's "Semantics" defines every quantity; names follow XNNPACK's habit:
 // f32_<job>__<isa>, one file per ISA under simd/<isa>/.
 //
 // Every kernel handles any n >= 1 and any alignment (tails included), reads
