@@ -14,6 +14,8 @@
 //          [--engines onednn,openblas,eigen] [--dtypes f32,bf16]
 //          [--kinds logits,grad_x,grad_W] [--rows 64,256] [--tiles 256,1024]
 //          [--hidden 128,768,2304,4096] [--setenv-coretype NAME]
+// Besides the engines, "gemm_tn" is the cpu backend's own short-k kernel for
+// grad_W (simd::KernelSet::gemm_tn, f32 on AVX-512), timed for grad_W only.
 // Each cell is the best of --repeats runs of --seconds each. Two rates: wall
 // (all threads' flops over wall time) and cpu (each thread's flops over its
 // own CPU time, summed): on a loaded machine the cpu rate is the one to
@@ -29,11 +31,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "common/float16.h"
 #include "cpu/gemm/gemm.h"
+#include "simd/kernels.h"
 
 namespace {
 
@@ -91,6 +95,26 @@ struct Buffer {
   const void* at(size_t offset) const {
     return dtype == Dtype::f32 ? static_cast<const void*>(f32.data() + offset)
                                : static_cast<const void*>(bf16.data() + offset);
+  }
+};
+
+// simd::KernelSet::gemm_tn behind the engine interface, for grad_W's calls
+// (A transposed, f32) alone, as the backend uses it.
+class GemmTnKernel final : public GemmEngine {
+ public:
+  const char* name() const override { return "gemm_tn"; }
+  std::string describe() const override {
+    return std::string("gemm_tn: flce's short-k grad_W kernel, ") + flce::simd::best_kernels().isa;
+  }
+  bool supports(Dtype ab_dtype) const override {
+    return ab_dtype == Dtype::f32 && flce::simd::best_kernels().gemm_tn != nullptr;
+  }
+  void run(const GemmArgs& g) const override {
+    if (!supports(g.ab_dtype) || !g.trans_a || g.trans_b)
+      throw std::invalid_argument("gemm_tn runs f32 C (+)= A^T B only");
+    flce::simd::best_kernels().gemm_tn(g.m, g.n, g.k, static_cast<const float*>(g.a), g.lda,
+                                       static_cast<const float*>(g.b), g.ldb, g.c, g.ldc,
+                                       g.beta != 0.0f);
   }
 };
 
@@ -254,12 +278,14 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  static const GemmTnKernel gemm_tn;
   std::vector<const GemmEngine*> engines;
   if (engine_names.empty()) {
     engines = flce::cpu::gemm_engines();
+    engines.push_back(&gemm_tn);
   } else {
     for (const std::string& name : engine_names) {
-      const GemmEngine* e = flce::cpu::find_gemm_engine(name);
+      const GemmEngine* e = name == gemm_tn.name() ? &gemm_tn : flce::cpu::find_gemm_engine(name);
       if (e == nullptr) {
         std::fprintf(stderr, "engine %s is not compiled in\n", name.c_str());
         return 2;
@@ -285,11 +311,15 @@ int main(int argc, char** argv) {
           for (const std::string& dn : dtype_names) {
             Dtype dtype = dn == "bf16" ? Dtype::bf16 : Dtype::f32;
             bool any = false;
-            for (const GemmEngine* e : engines) any = any || e->supports(dtype);
+            // gemm_tn runs grad_W only.
+            auto runs = [&](const GemmEngine* e) {
+              return e->supports(dtype) && (e != &gemm_tn || kind == Kind::grad_W);
+            };
+            for (const GemmEngine* e : engines) any = any || runs(e);
             if (!any) continue;
             Workload w(kind, dtype, R, T, H, threads);
             for (const GemmEngine* e : engines) {
-              if (!e->supports(dtype)) continue;
+              if (!runs(e)) continue;
               Rate best;
               for (int r = 0; r < repeats; ++r) {
                 Rate got = measure(e, w, threads, seconds);
