@@ -185,6 +185,10 @@ TEST(CpuTiles, RowsAroundTheRowBlock) {
   }
   check_all_passes(head(block + 1, 3, kTile + 1).layout(WeightLayout::hv).with_bias()
                        .reduction(Reduction::none).with_grad_loss());
+  // f32 gradients: grad_W accumulates in place across the two blocks, in
+  // each layout (Plan::grad_w_in_place; simd::KernelSet::gemm_tn's C).
+  for (WeightLayout layout : {WeightLayout::vh, WeightLayout::hv})
+    check_all_passes(head(block + 1, 3, kTile + 1).layout(layout).gradients_as(Dtype::f32));
 }
 
 // grad_x tasks (Plan::h_chunk): H in up to kGradXTasks chunks of at least
