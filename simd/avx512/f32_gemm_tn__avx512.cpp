@@ -1,10 +1,12 @@
 // f32_gemm_tn__avx512: C[m, n] (+)= A^T B for a short k, the cpu backend's
-// grad_W update (grad_W_tile [T, H] += G_tile^T [T, R] X_block [R, H], k = R
-// rows of the block). See isa_kernels.h for the contract.
+// grad_W update (grad_W_tile [T, H] += G_tile^T [T, R] X_block [R, H], or
+// for W stored [H, V] grad_W_tile^T [H, T] += X_block^T G_tile; k = R rows
+// of the block). See isa_kernels.h for the contract.
 //
 // Why not the GEMM library: with k = 48..256 each element of C takes only
 // k FMAs between its load and its store, and oneDNN ran these at half its
-// large-GEMM rate (k = 48: 164-180 of 376 GFLOP/s on the 2-core Zen 5).
+// large-GEMM rate (k = 48: 190-196 of about 376 GFLOP/s on the 2-core Zen 5,
+// bench/gemm_engines.cpp).
 //   micro-tile   6 rows of C x 64 columns (4 vectors): 24 accumulators held
 //                in registers for all of k, C loaded and stored once; per k,
 //                4 vector loads of B and 6 broadcasts of A for 24 FMAs.
