@@ -308,13 +308,13 @@ void grad_w_gemm(const Context& c, const ScoreBlock& blk, int64_t rows, int64_t 
   g.beta = written ? 1.0f : 0.0f;
   written = 1;
   // f32, either layout (both products are A^T B): the ISA's short-k kernel
-  // where it has one (simd::KernelSet::gemm_tn). On the 2-core Zen 5, 2
-  // threads, [512, H] tiles of the [V, H] layout, oneDNN ->
-  // gemm_tn in GFLOP/s: k = 48: 190-196 -> 344-368; k = 96: 256-266 ->
-  // 348-376; k = 240: 316-344 -> 369-383 (bench/gemm_engines.cpp, H = 768,
-  // 2304, 4096). A bf16 one (AVX512-BF16) was measured and dropped: only at
-  // k = 48 did it beat oneDNN's bf16 (385-430 against 320-357), and the
-  // benchmark shapes' bf16 blocks are longer.
+  // where it has one (simd::KernelSet::gemm_tn). oneDNN -> gemm_tn in
+  // GFLOP/s on the 2-core Zen 5, 2 threads, [512, H] tiles of the [V, H]
+  // layout, H = 768, 2304, 4096 (bench/gemm_engines.cpp): k = 48: 190-196
+  // -> 344-368; k = 96: 256-266 -> 348-376; k = 240: 316-344 -> 369-383. A
+  // bf16 one (AVX512-BF16) was measured and dropped: only at k = 48 did it
+  // beat oneDNN's bf16 (385-430 against 320-357), and the benchmark shapes'
+  // bf16 blocks are longer.
   const simd::KernelSet& ks = *plan.kernels;
   if (!bf16 && ks.gemm_tn) {
     ks.gemm_tn(g.m, g.n, g.k, static_cast<const float*>(g.a), g.lda, static_cast<const float*>(g.b),
