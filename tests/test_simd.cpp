@@ -111,14 +111,14 @@ TEST_P(SimdKernels, DlogitsMatchesScalar) {
   EXPECT_EQ(r.failed, 0) << r.summary();
 }
 
-// gemm_tn, C (+)= A^T B, over the sizes around its 6 x 64 micro-tile and
-// 512-column panels, with A and B inside larger arrays and C written with
-// and without accumulate. Each element must be within gamma_{k+1} (|C| +
-// sum_p |a_p b_p|) of the exact sum (the bound of any k + 1 term f32 sum,
-// NUMERICS.md); without accumulate a NaN-filled C must be ignored; the
-// padding of C must stay untouched; and splitting m and n over four calls
-// must give the same bits (the kernel's promise, which keeps the cpu
-// backend's grad_W independent of its tiling).
+// gemm_tn, C (+)= A^T B, over the sizes around its 6 x 64 micro-tile, its
+// 516-row packing pieces and 512-column panels, with A and B inside larger
+// arrays and C written with and without accumulate. Each element must be
+// within gamma_{k+1} (|C| + sum_p |a_p b_p|) of the exact sum (the bound of
+// any k + 1 term f32 sum, NUMERICS.md); without accumulate a NaN-filled C
+// must be ignored; the padding of C must stay untouched; and splitting m
+// and n over four calls must give the same bits (the kernel's promise,
+// which keeps the cpu backend's grad_W independent of its tiling).
 TEST_P(SimdKernels, GemmTnSweep) {
   SIMD_REQUIRE_SET(ks);
   if (!ks->gemm_tn) GTEST_SKIP() << GetParam() << " has no gemm_tn: the GEMM engine runs grad_W";
@@ -126,7 +126,7 @@ TEST_P(SimdKernels, GemmTnSweep) {
   std::normal_distribution<float> normal;
   const double u = std::ldexp(1.0, -24);
   int failures = 0;
-  for (int64_t m : {1, 5, 6, 7, 13, 64}) {
+  for (int64_t m : {1, 5, 6, 7, 13, 64, 600}) {  // 600: two pieces of kPackRows
     for (int64_t n : {1, 15, 16, 17, 63, 64, 65, 130, 512, 513, 600}) {
       for (int64_t k : {1, 2, 7, 48}) {
         for (bool accumulate : {false, true}) {

@@ -15,9 +15,10 @@
 //                set), so each 6-column strip of A and each 64-column panel
 //                of B is first copied to a contiguous [k, 6] or [k, 64]
 //                block, zero-padded at the edges.
-//   blocking     panels of kPanelCols columns of C: the packed B panel
+//   blocking     rows of C in pieces of kPackRows, their A strips packed
+//                once; panels of kPanelCols columns of C: the packed B panel
 //                ([k, kPanelCols], 256 KiB at k = 128) stays in L2 while
-//                every strip of A passes over it.
+//                every strip of the piece passes over it.
 // Each element is C (or 0) + a_0 b_0 + a_1 b_1 + ... in order of k, as fused
 // multiply-adds, so a result does not depend on how the caller splits m or n.
 #include <immintrin.h>
@@ -35,6 +36,10 @@ namespace {
 constexpr int kMR = 6;               // rows of C per micro-tile
 constexpr int kNR = 64;              // columns of C per micro-tile
 constexpr int64_t kPanelCols = 512;  // columns of C per B panel
+// Rows of C per packing of A: a [512, H] grad_W tile in one, while the
+// [H, V] layout's [H, 512] one (m = H) goes in pieces, so the per-thread
+// buffers stay at k (516 + 512) floats (1 MiB at k = 256) whatever m.
+constexpr int64_t kPackRows = 86 * kMR;
 
 // 6 x 64 of C += Ap^T Bp: Ap is [k, 6], Bp is [k, 64], both packed. C rows
 // are ldc apart; with !accumulate C is written, not read.
@@ -123,14 +128,10 @@ void pack_a(int64_t k, int64_t m, const float* a, int64_t lda, float* ap) {
   }
 }
 
-}  // namespace
-
-void f32_gemm_tn__avx512(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
-                         const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
-  thread_local PackBuffers buf;
+// Rows [0, m) of C, m <= kPackRows: A's strips packed once, then B's panels.
+void gemm_tn_rows(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+                  int64_t ldb, float* c, int64_t ldc, bool accumulate, float* ap, float* bp) {
   const int64_t strips = (m + kMR - 1) / kMR;
-  float* ap = PackBuffers::grow(&buf.a, &buf.a_floats, size_t(strips * k * kMR));
-  float* bp = PackBuffers::grow(&buf.b, &buf.b_floats, size_t(k * kPanelCols));
   pack_a(k, m, a, lda, ap);
   for (int64_t n0 = 0; n0 < n; n0 += kPanelCols) {
     const int64_t panel = std::min(kPanelCols, n - n0);
@@ -148,6 +149,19 @@ void f32_gemm_tn__avx512(int64_t m, int64_t n, int64_t k, const float* a, int64_
       }
     }
   }
+}
+
+}  // namespace
+
+void f32_gemm_tn__avx512(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                         const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  thread_local PackBuffers buf;
+  const int64_t rows = std::min(m, kPackRows);
+  float* ap = PackBuffers::grow(&buf.a, &buf.a_floats, size_t((rows + kMR - 1) / kMR * kMR * k));
+  float* bp = PackBuffers::grow(&buf.b, &buf.b_floats, size_t(k * kPanelCols));
+  for (int64_t i0 = 0; i0 < m; i0 += kPackRows)
+    gemm_tn_rows(std::min(kPackRows, m - i0), n, k, a + i0, lda, b, ldb, c + i0 * ldc, ldc,
+                 accumulate, ap, bp);
 }
 
 }  // namespace flce::simd
