@@ -112,8 +112,9 @@ TEST_P(SimdKernels, DlogitsMatchesScalar) {
 }
 
 // gemm_tn, C (+)= A^T B, over the sizes around its 6 x 64 micro-tile, its
-// 516-row packing pieces and 512-column panels, with A and B inside larger
-// arrays and C written with and without accumulate. Each element must be
+// 516-row and 256-deep packing pieces and 512-column panels (k = 0 too:
+// C = 0 or kept), with A and B inside larger arrays and C written with and
+// without accumulate. Each element must be
 // within gamma_{k+1} (|C| + sum_p |a_p b_p|) of the exact sum (the bound of
 // any k + 1 term f32 sum, NUMERICS.md); without accumulate a NaN-filled C
 // must be ignored; the padding of C must stay untouched; and splitting m
@@ -128,7 +129,8 @@ TEST_P(SimdKernels, GemmTnSweep) {
   int failures = 0;
   for (int64_t m : {1, 5, 6, 7, 13, 64, 600}) {  // 600: two pieces of kPackRows
     for (int64_t n : {1, 15, 16, 17, 63, 64, 65, 130, 512, 513, 600}) {
-      for (int64_t k : {1, 2, 7, 48}) {
+      for (int64_t k : {0, 1, 2, 7, 48, 520}) {  // 520: three pieces of kPackDepth
+        if (m * n * k > 20000000) continue;  // the exact sums' cost
         for (bool accumulate : {false, true}) {
           const int64_t lda = m + 3, ldb = n + 5, ldc = n + 2;
           std::vector<float> a(size_t(k * lda)), b(size_t(k * ldb)), c0(size_t(m * ldc));

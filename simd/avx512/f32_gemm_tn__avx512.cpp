@@ -15,8 +15,9 @@
 //                set), so each 6-column strip of A and each 64-column panel
 //                of B is first copied to a contiguous [k, 6] or [k, 64]
 //                block, zero-padded at the edges.
-//   blocking     rows of C in pieces of kPackRows, their A strips packed
-//                once; panels of kPanelCols columns of C: the packed B panel
+//   blocking     k in pieces of kPackDepth and rows of C in pieces of
+//                kPackRows, each piece's A strips packed once; panels of
+//                kPanelCols columns of C: the packed B panel
 //                ([k, kPanelCols], 256 KiB at k = 128) stays in L2 while
 //                every strip of the piece passes over it.
 // Each element is C (or 0) + a_0 b_0 + a_1 b_1 + ... in order of k, as fused
@@ -36,10 +37,13 @@ namespace {
 constexpr int kMR = 6;               // rows of C per micro-tile
 constexpr int kNR = 64;              // columns of C per micro-tile
 constexpr int64_t kPanelCols = 512;  // columns of C per B panel
-// Rows of C per packing of A: a [512, H] grad_W tile in one, while the
-// [H, V] layout's [H, 512] one (m = H) goes in pieces, so the per-thread
-// buffers stay at k (516 + 512) floats (1 MiB at k = 256) whatever m.
+// Rows of C per packing of A, and k per packing of A and B: a [512, H]
+// grad_W tile of a row block (k <= 256) goes in one, while the [H, V]
+// layout's [H, 512] (m = H) and the vocabulary-outer order's super-blocks
+// (k in the thousands) go in pieces, so the per-thread buffers stay at
+// 256 (516 + 512) floats, 1 MiB, whatever m and k.
 constexpr int64_t kPackRows = 86 * kMR;
+constexpr int64_t kPackDepth = 256;
 
 // 6 x 64 of C += Ap^T Bp: Ap is [k, 6], Bp is [k, 64], both packed. C rows
 // are ldc apart; with !accumulate C is written, not read.
@@ -156,12 +160,19 @@ void gemm_tn_rows(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, 
 void f32_gemm_tn__avx512(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
                          const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
   thread_local PackBuffers buf;
-  const int64_t rows = std::min(m, kPackRows);
-  float* ap = PackBuffers::grow(&buf.a, &buf.a_floats, size_t((rows + kMR - 1) / kMR * kMR * k));
-  float* bp = PackBuffers::grow(&buf.b, &buf.b_floats, size_t(k * kPanelCols));
-  for (int64_t i0 = 0; i0 < m; i0 += kPackRows)
-    gemm_tn_rows(std::min(kPackRows, m - i0), n, k, a + i0, lda, b, ldb, c + i0 * ldc, ldc,
-                 accumulate, ap, bp);
+  const int64_t rows = std::min(m, kPackRows), depth = std::min(k, kPackDepth);
+  float* ap = PackBuffers::grow(&buf.a, &buf.a_floats, size_t((rows + kMR - 1) / kMR * kMR * depth));
+  float* bp = PackBuffers::grow(&buf.b, &buf.b_floats, size_t(depth * kPanelCols));
+  // Pieces of k in order, C stored and reloaded in f32 between them: the
+  // same bits as one pass. k = 0 still makes one pass (C = 0 or kept).
+  int64_t k0 = 0;
+  do {
+    const int64_t kc = std::min(kPackDepth, k - k0);
+    for (int64_t i0 = 0; i0 < m; i0 += kPackRows)
+      gemm_tn_rows(std::min(kPackRows, m - i0), n, kc, a + k0 * lda + i0, lda, b + k0 * ldb, ldb,
+                   c + i0 * ldc, ldc, accumulate || k0 > 0, ap, bp);
+    k0 += kPackDepth;
+  } while (k0 < k);
 }
 
 }  // namespace flce::simd
