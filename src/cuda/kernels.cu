@@ -477,10 +477,9 @@ struct DlogitsRow {
   }
 };
 
+// One value of G rounded to a 16-bit dtype (f32 goes through store_quad<float>).
 template <typename T>
 __device__ void store_g(void* out, int64_t o, float v);
-template <>
-__device__ void store_g<float>(void* out, int64_t o, float v) { static_cast<float*>(out)[o] = v; }
 template <>
 __device__ void store_g<__nv_bfloat16>(void* out, int64_t o, float v) {
   static_cast<__nv_bfloat16*>(out)[o] = __float2bfloat16_rn(v);
@@ -617,20 +616,28 @@ void prepare(const LossArgs& args, float* class_w, float* bias, cudaStream_t str
   }
 }
 
+namespace {
+
+// The kernel for flags F (bit 2 sbar, bit 1 label smoothing, bit 0
+// softcap), raw (no scale or bias) or not.
+template <int F>
+void launch_tile_states(const LossArgs& args, const ScoreTile& tile, int64_t t, int64_t tiles,
+                        int64_t state_r0, TileState* states, cudaStream_t stream) {
+  const unsigned blocks = unsigned((tile.rows + kStateRows - 1) / kStateRows);
+  auto kernel = args.a == 1 && args.bias_f32 == nullptr
+                    ? tile_states_kernel<bool(F & 4), bool(F & 2), bool(F & 1), true>
+                    : tile_states_kernel<bool(F & 4), bool(F & 2), bool(F & 1)>;
+  kernel<<<blocks, kStateThreads * kStateRows, 0, stream>>>(args, tile, t, tiles, state_r0, states);
+}
+
+}  // namespace
+
 void tile_states(const LossArgs& args, const ScoreTile& tile, int64_t t, int64_t tiles,
                  int64_t state_r0, TileState* states, cudaStream_t stream) {
-  const unsigned blocks = unsigned((tile.rows + kStateRows - 1) / kStateRows);
   const int flags = (args.need_sbar ? 4 : 0) | (args.e > 0 ? 2 : 0) | (args.k > 0 ? 1 : 0);
   switch (flags) {
 #define FLCE_STATES(F) \
-  case F: \
-    if (args.a == 1 && args.bias_f32 == nullptr) \
-      tile_states_kernel<bool(F & 4), bool(F & 2), bool(F & 1), true> \
-          <<<blocks, kStateThreads * kStateRows, 0, stream>>>(args, tile, t, tiles, state_r0, states); \
-    else \
-      tile_states_kernel<bool(F & 4), bool(F & 2), bool(F & 1)> \
-          <<<blocks, kStateThreads * kStateRows, 0, stream>>>(args, tile, t, tiles, state_r0, states); \
-    break;
+  case F: launch_tile_states<F>(args, tile, t, tiles, state_r0, states, stream); break;
     FLCE_STATES(0) FLCE_STATES(1) FLCE_STATES(2) FLCE_STATES(3)
     FLCE_STATES(4) FLCE_STATES(5) FLCE_STATES(6) FLCE_STATES(7)
 #undef FLCE_STATES
