@@ -1,12 +1,13 @@
 """flce.testing: the ported tolerance policy, assert_close's verdicts and
 reports, and the adversarial input generators.
 
-GOLDEN_* are bounds computed by the C++ policy itself (tests/support/
-tolerance.cpp's error_bounds on its brute force) for the two problems of
-_golden_problems(); the Python port must reproduce them to rounding.
+tests/policy_golden.txt holds bounds computed by the C++ policy itself
+(tests/support/tolerance.cpp's error_bounds on its brute force, written by
+tests/test_policy_golden.cpp) for the two problems of _golden_problems(); the
+Python port must reproduce them to rounding.
 """
 
-import math
+import os
 
 import pytest
 
@@ -37,50 +38,25 @@ def _golden_problems():
     return head, logits
 
 
-GOLDEN_0 = {
-    "lse": [0.005797479625054329, 0.005298247710767644, 0.005618316194074045],
-    "logprob": [0.009446293313466407, 0.0, 0.009799976948786907],
-    "entropy": [0.0018913405450469742, 0.0019821743080464618, 0.003201235188031857],
-    "zloss": [0.00026589499141239985, 0.00020593431549974502, 0.0001739751129531396],
-    "loss": [0.009959645084185578],
-    "grad_x": [0.01172006706872182, 0.013048311288515833, 0.014588009121254575,
-               0.01396909017734314, 0.010289627392727083, 0.010919097211520765,
-               0.010413593540407877, 0.008343272472721529, 0.014538992178505896,
-               0.014969867249354871, 0.013718954217116679, 0.010700632054517462],
-    "grad_w": [0.013565981503284755, 0.01677046202034101, 0.016166124123820024,
-               0.014072514675332439, 0.010843344041437082, 0.020111540655870133,
-               0.022669783174995198, 0.019588509269581056, 0.0040440881320279835,
-               0.009270818055209538, 0.013230417959255178, 0.012292269954684638,
-               0.003983820043468193, 0.0032236094819678737, 0.0067556251968004305,
-               0.00768302341664083, 0.011142461080815765, 0.004580004454416683,
-               0.01620147354145739, 0.020719478340836518],
-    "grad_bias": [0.024097227105394314, 0.029188247830957043, 0.015589722229808676,
-                  0.008797062366313637, 0.021589811401693658],
-}
-GOLDEN_1 = {
-    "lse": [2.8684748020701466e-06, 2.7601873947755252e-06, 2.7604173503889574e-06,
-            2.893460630029158e-06],
-    "logprob": [math.inf, 3.571354991086972e-06, 3.589848036402769e-06, 0.0],
-    "entropy": [1.5104925802461969e-05, 9.553798454938482e-06, 9.625341981248185e-06,
-                1.6856952378985173e-05],
-    "zloss": [2.5223372357846707e-44] * 4,
-    "loss": [math.inf, 4.284356139497481e-06, 4.304172544798875e-06, 0.0],
-    "grad_logits": [6.2591943800487905e-06, 5.463761503419012e-07, 9.275784456051868e-07,
-                    1.8451742986378967e-07, 6.32773256046993e-08, 4.282483939568846e-08,
-                    9.759892737506514e-06, 1.585240796242373e-06, 4.132728098526807e-07,
-                    2.0933927690674084e-07, 2.2514685413229733e-07, 5.134185851424516e-07,
-                    2.6660158416848903e-07, 1.2198789027582764e-07, 1.1563064223054614e-07,
-                    2.3069223707662705e-07, 7.553968175469314e-07, 4.069828920413458e-06,
-                    2.4467942827653938e-08, 4.6936313746425505e-08, 1.6466223105309074e-07,
-                    7.002709158891908e-07, 1.9316848167837046e-06, 3.5605676728117446e-06],
-}
+def _golden(index):
+    """{output: bounds} of problem `index` in tests/policy_golden.txt, which
+    tests/test_policy_golden.cpp writes from the C++ policy and checks."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "policy_golden.txt")
+    golden = {}
+    with open(path) as f:
+        for line in f:
+            fields = line.split()
+            if fields and not fields[0].startswith("#") and int(fields[0]) == index:
+                golden[fields[1]] = [float(v) for v in fields[2:]]
+    assert golden, f"{path} has no bounds of problem {index}"
+    return golden
 
 
 @pytest.mark.parametrize("index", [0, 1])
 @pytest.mark.parametrize("chunk", [1, 7, None])
 def test_bounds_reproduce_the_cpp_policy(index, chunk):
     problem = _golden_problems()[index]
-    golden = (GOLDEN_0, GOLDEN_1)[index]
+    golden = _golden(index)
     _, bounds = ft.bounds(**problem, chunk_elements=chunk)
     for name, want in golden.items():
         got, want = np.ravel(bounds[name]), np.array(want)

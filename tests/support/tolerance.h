@@ -17,9 +17,13 @@
 // gamma_n = n u_a / (1 - n u_a) bounds the relative error of any n-term sum or
 // dot product, in any order (Higham, "Accuracy and Stability of Numerical
 // Algorithms", ch. 3). It is +inf once n u_a >= 1: no bound exists there.
-// kappa = 2: exp, log and tanh are assumed accurate to 1 ulp (relative error
-// <= 2u); glibc's double functions are, and a vectorized f32 kernel must be for
-// this policy to hold. tiny(u) is the smallest subnormal of the format with
+// kappa = 5: exp, log and tanh have relative error <= kappa u (an error of E
+// ulp is at most 2E u). That covers every function the backends call: flce's
+// vector exp and tanh (<= 1.2 and 1.6 ulp, simd/testing/kernel_checks.h),
+// libm's expf (1 ulp) and tanhf (2.5 ulp: the scalar kernels), glibc's
+// double functions (1 ulp), and CUDA's expf and tanhf (2 ulp from the
+// correctly rounded result by the CUDA C++ Programming Guide's table of
+// single-precision functions, so 2.5 ulp from the exact one; no fast math). tiny(u) is the smallest subnormal of the format with
 // unit roundoff u. Every bound is first order in u (terms in u^2 dropped).
 // The option scalars a, k, e, l may be converted to the accumulation
 // precision first; each conversion is one more rounding wherever the scalar
@@ -197,8 +201,9 @@ namespace flce_test {
 
 // C in |actual - exact| <= C * bound (section 9 above).
 constexpr double kBoundFactor = 1.0;
-// kappa: relative error of exp, log and tanh, in units of u (1 ulp).
-constexpr double kFunctionUlps = 2.0;
+// kappa: relative error of exp, log and tanh, in units of u (2.5 ulp: see
+// "Precisions and notation" above for which functions that covers).
+constexpr double kFunctionUlps = 5.0;
 
 // Unit roundoff of a floating dtype: 2^-53, 2^-24, 2^-11 (f16), 2^-8 (bf16).
 double unit_roundoff(flce::Dtype dtype);

@@ -15,7 +15,11 @@ import math
 
 import numpy as np
 
-KAPPA = 2.0  # exp, log, tanh accurate to 1 ulp: relative error <= 2u
+# exp, log and tanh: relative error <= KAPPA u, i.e. within 2.5 ulp (an error
+# of E ulp is at most 2E u). CUDA's expf and tanhf are documented at 2 ulp from
+# the correctly rounded result, libm's tanhf at 2.5; flce's own kernels are
+# tighter (tests/support/tolerance.h lists them).
+KAPPA = 5.0
 
 UNIT_ROUNDOFF = {"f64": 2.0**-53, "f32": 2.0**-24, "f16": 2.0**-11, "bf16": 2.0**-8}
 
