@@ -23,8 +23,8 @@
 // libm's expf (1 ulp) and tanhf (2.5 ulp: the scalar kernels), glibc's
 // double functions (1 ulp), and CUDA's expf and tanhf (2 ulp from the
 // correctly rounded result by the CUDA C++ Programming Guide's table of
-// single-precision functions, so 2.5 ulp from the exact one; no fast math). tiny(u) is the smallest subnormal of the format with
-// unit roundoff u. Every bound is first order in u (terms in u^2 dropped).
+// single-precision functions, so 2.5 ulp from the exact one; no fast math).
+// tiny(u) is the smallest subnormal of the format with unit roundoff u. Every bound is first order in u (terms in u^2 dropped).
 // The option scalars a, k, e, l may be converted to the accumulation
 // precision first; each conversion is one more rounding wherever the scalar
 // enters, and the rounding counts below include it.
