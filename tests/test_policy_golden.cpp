@@ -5,7 +5,7 @@
 // This test fails when the C++ bounds move away from the file. After a
 // deliberate change to the policy, rewrite the file from the C++ bounds:
 //   FLCE_UPDATE_POLICY_GOLDEN=1 build/tests/flce_tests --gtest_filter='PolicyGolden.*'
-// and then change _bounds.py until its test agrees again.
+// and port the same change to _bounds.py, whose test then checks the port.
 //
 // File format: one line per (problem, output), "problem output v0 v1 ...",
 // values printed with 17 significant digits ("inf" where the bound is
