@@ -112,9 +112,13 @@ class GemmTnKernel final : public GemmEngine {
   void run(const GemmArgs& g) const override {
     if (!supports(g.ab_dtype) || !g.trans_a || g.trans_b)
       throw std::invalid_argument("gemm_tn runs f32 C (+)= A^T B only");
+    // The calling thread's packing scratch, as the backend carves one per
+    // thread from its workspace.
+    thread_local std::vector<float> store(size_t(flce::simd::kGemmTnScratchFloats) + 16);
+    float* scratch = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(store.data()) + 63) / 64 * 64);
     flce::simd::best_kernels().gemm_tn(g.m, g.n, g.k, static_cast<const float*>(g.a), g.lda,
                                        static_cast<const float*>(g.b), g.ldb, g.c, g.ldc,
-                                       g.beta != 0.0f);
+                                       g.beta != 0.0f, scratch);
   }
 };
 

@@ -59,6 +59,7 @@ FLCE_SIMD_DECLARE_SET(neon)
 #undef FLCE_SIMD_DECLARE_SET
 
 void f32_gemm_tn__avx512(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
-                         const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate);
+                         const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate,
+                         float* scratch);
 
 }  // namespace flce::simd

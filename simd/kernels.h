@@ -61,6 +61,10 @@ struct DlogitsParams {
   float softcap;  // k (0 = off)
 };
 
+// gemm_tn's packing scratch, whatever m, n and k: A's strips for 516 rows of
+// C and B's panel of 512 columns, both 256 deep (f32_gemm_tn__avx512.cpp).
+constexpr int64_t kGemmTnScratchFloats = 256 * (516 + 512);
+
 struct KernelSet {
   const char* isa;  // "scalar", "avx2", "avx512", "neon"
   int width;        // f32 lanes per vector
@@ -79,10 +83,11 @@ struct KernelSet {
                   float* g);
   // C[m, n] = (accumulate ? C : 0) + A^T B, A stored [k, m] (row stride
   // lda), B [k, n] (ldb), C [m, n] (ldc): the grad_W update, whose k (the
-  // rows of a block) is short. Null where the set has none: the GEMM engine
-  // does it then.
+  // rows of a block) is short. scratch: kGemmTnScratchFloats floats,
+  // 64-byte aligned, the caller's (one per thread), for the packed A and B.
+  // Null where the set has none: the GEMM engine does it then.
   void (*gemm_tn)(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
-                  int64_t ldb, float* c, int64_t ldc, bool accumulate);
+                  int64_t ldb, float* c, int64_t ldc, bool accumulate, float* scratch);
 };
 
 // The sets compiled into this binary, best first, and the one chosen once

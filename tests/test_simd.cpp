@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -126,6 +127,10 @@ TEST_P(SimdKernels, GemmTnSweep) {
   std::mt19937 rng(7);
   std::normal_distribution<float> normal;
   const double u = std::ldexp(1.0, -24);
+  // The packing scratch, 64-byte aligned as the kernel requires.
+  std::vector<float> scratch_store(size_t(kGemmTnScratchFloats) + 16);
+  float* const scratch = reinterpret_cast<float*>(
+      (reinterpret_cast<uintptr_t>(scratch_store.data()) + 63) / 64 * 64);
   int failures = 0;
   for (int64_t m : {1, 5, 6, 7, 13, 64, 600}) {  // 600: two pieces of kPackRows
     for (int64_t n : {1, 15, 16, 17, 63, 64, 65, 130, 512, 513, 600}) {
@@ -140,7 +145,7 @@ TEST_P(SimdKernels, GemmTnSweep) {
           auto call = [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1, float* c) {
             if (i1 > i0 && j1 > j0)
               ks->gemm_tn(i1 - i0, j1 - j0, k, a.data() + i0, lda, b.data() + j0, ldb,
-                          c + i0 * ldc + j0, ldc, accumulate);
+                          c + i0 * ldc + j0, ldc, accumulate, scratch);
           };
           const std::string where = "m=" + std::to_string(m) + " n=" + std::to_string(n) +
                                     " k=" + std::to_string(k) + " acc=" + std::to_string(accumulate);

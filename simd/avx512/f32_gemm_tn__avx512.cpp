@@ -26,8 +26,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
-#include <new>
 
 #include "simd/isa_kernels.h"
 
@@ -40,10 +38,13 @@ constexpr int64_t kPanelCols = 512;  // columns of C per B panel
 // Rows of C per packing of A, and k per packing of A and B: a [512, H]
 // grad_W tile of a row block (k <= 256) goes in one, while the [H, V]
 // layout's [H, 512] (m = H) and the vocabulary-outer order's super-blocks
-// (k in the thousands) go in pieces, so the per-thread buffers stay at
-// 256 (516 + 512) floats, 1 MiB, whatever m and k.
+// (k in the thousands) go in pieces, so the caller's scratch stays at
+// 256 (516 + 512) floats, 1 MiB, whatever m and k (kGemmTnScratchFloats).
 constexpr int64_t kPackRows = 86 * kMR;
 constexpr int64_t kPackDepth = 256;
+static_assert(kPackRows * kPackDepth + kPackDepth * kPanelCols <= kGemmTnScratchFloats,
+              "the caller's scratch holds both packed pieces");
+static_assert(kPackRows * kPackDepth % 16 == 0, "B's packed panel starts 64-byte aligned");
 
 // 6 x 64 of C += Ap^T Bp: Ap is [k, 6], Bp is [k, 64], both packed. C rows
 // are ldc apart; with !accumulate C is written, not read.
@@ -89,23 +90,6 @@ void edge_tile(int64_t k, const float* ap, const float* bp, float* c, int64_t ld
   micro_tile(k, ap, bp, tile, kNR, true);
   for (int i = 0; i < rows; ++i) std::copy_n(tile + i * kNR, cols, c + i * ldc);
 }
-
-// Per-thread packing buffers, grown as needed and kept.
-struct PackBuffers {
-  float* a = nullptr;
-  float* b = nullptr;
-  size_t a_floats = 0, b_floats = 0;
-  ~PackBuffers() { std::free(a), std::free(b); }
-  static float* grow(float** p, size_t* have, size_t need) {
-    if (need > *have) {
-      std::free(*p);
-      *p = static_cast<float*>(std::aligned_alloc(64, (need * 4 + 63) / 64 * 64));
-      if (*p == nullptr) throw std::bad_alloc();
-      *have = need;
-    }
-    return *p;
-  }
-};
 
 // Bp = B[0..k, j0 .. j0+cols) as ceil(cols / 64) blocks of [k, 64], zero-padded.
 void pack_b(int64_t k, const float* b, int64_t ldb, int64_t cols, float* bp) {
@@ -158,11 +142,10 @@ void gemm_tn_rows(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, 
 }  // namespace
 
 void f32_gemm_tn__avx512(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
-                         const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
-  thread_local PackBuffers buf;
-  const int64_t rows = std::min(m, kPackRows), depth = std::min(k, kPackDepth);
-  float* ap = PackBuffers::grow(&buf.a, &buf.a_floats, size_t((rows + kMR - 1) / kMR * kMR * depth));
-  float* bp = PackBuffers::grow(&buf.b, &buf.b_floats, size_t(depth * kPanelCols));
+                         const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate,
+                         float* scratch) {
+  float* ap = scratch;                           // [kPackRows / 6 strips, kPackDepth, 6]
+  float* bp = scratch + kPackRows * kPackDepth;  // [kPackDepth, kPanelCols] in 64-column blocks
   // Pieces of k in order, C stored and reloaded in f32 between them: the
   // same bits as one pass. k = 0 still makes one pass (C = 0 or kept).
   int64_t k0 = 0;

@@ -153,6 +153,8 @@ Plan make_plan(const Problem& p, Pass pass, const RunConfig& config) {
   plan.grad_w_in_place = p.grad_w.present() && p.grad_w.dtype == Dtype::f32 && p.grad_w.stride[1] == 1;
 
   const bool grads = pass != Pass::forward && (p.grad_x.present() || p.grad_w.present());
+  plan.grad_w_gemm_tn = pass != Pass::forward && p.grad_w.present() && !plan.d.logits_entry &&
+                        plan.grad_gemm == Dtype::f32 && plan.kernels->gemm_tn != nullptr;
   plan.filter_eps = filter_eps_for(p.options, plan.storage);
   plan.filter = grads && !plan.d.logits_entry && plan.filter_eps > 0 &&
                 !(p.options.softcap > 0 && p.options.label_smoothing > 0);
@@ -182,7 +184,7 @@ Plan make_plan(const Problem& p, Pass pass, const RunConfig& config) {
 namespace {
 
 // Sizes in bytes of each workspace piece, in carve order.
-constexpr int kPieces = 17;
+constexpr int kPieces = 18;
 struct Sizes {
   size_t bytes[kPieces] = {};
 };
@@ -217,6 +219,7 @@ Sizes sizes_of(const Plan& plan, const Problem& p) {
   s.bytes[14] = plan.filter_uniform ? size_t(H + 1) * sizeof(double) : 0;
   s.bytes[15] = pieces ? size_t(kMaxRowBlock) * 4 : 0;
   s.bytes[16] = grads && p.grad_w.present() ? size_t(plan.tiles) : 0;
+  s.bytes[17] = plan.grad_w_gemm_tn ? size_t(plan.threads) * size_t(simd::kGemmTnScratchFloats) * 4 : 0;
   return s;
 }
 
@@ -257,6 +260,7 @@ Workspace carve_workspace(const Plan& plan, const Problem& p, void* base) {
   w.uniform_x = static_cast<double*>(piece[14]);
   w.label_score = static_cast<float*>(piece[15]);
   w.w_written = static_cast<uint8_t*>(piece[16]);
+  w.gemm_tn_scratch = static_cast<float*>(piece[17]);
   return w;
 }
 

@@ -87,6 +87,9 @@ struct Plan {
   Dtype grad_gemm = Dtype::f32;    // f32 or bf16: G, X and W in the gradient GEMMs
   bool round_grad_logits = false;  // grad_logits_dtype = storage with a non-f32 storage
   bool grad_w_in_place = false;    // grad_w is f32 with unit inner stride
+  // grad_W's f32 products run through the kernel set's gemm_tn (it has one),
+  // each thread with its own packing scratch in the workspace.
+  bool grad_w_gemm_tn = false;
   // Gradient filtering (README): on for the head entry's gradient passes
   // when filter_eps > 0, except with a softcap and label smoothing together
   // (there the smoothing's uniform term of G is not rank one, see below).
@@ -149,6 +152,7 @@ struct Workspace {
   float* bias = nullptr;              // [V] (null: no bias)
   uint8_t* kept = nullptr;            // [tiles]: the gradient filter's verdict for this row block
   uint8_t* w_written = nullptr;       // [tiles]: grad_W rows of the tile written yet (then +=)
+  float* gemm_tn_scratch = nullptr;   // [threads, simd::kGemmTnScratchFloats] (Plan::grad_w_gemm_tn)
   double* uniform_w = nullptr;        // [H]: sum_j c_j W_j, when filter_uniform and grad_x
   double* uniform_x = nullptr;        // [H + 1]: sum_i u_i x_i, then sum_i u_i
 };

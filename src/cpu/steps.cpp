@@ -315,10 +315,10 @@ void grad_w_gemm(const Context& c, const ScoreBlock& blk, int64_t rows, int64_t 
   // bf16 one (AVX512-BF16) was measured and dropped: only at k = 48 did it
   // beat oneDNN's bf16 (385-430 against 320-357), and the benchmark shapes'
   // bf16 blocks are longer.
-  const simd::KernelSet& ks = *plan.kernels;
-  if (!bf16 && ks.gemm_tn) {
-    ks.gemm_tn(g.m, g.n, g.k, static_cast<const float*>(g.a), g.lda, static_cast<const float*>(g.b),
-               g.ldb, g.c, g.ldc, g.beta != 0.0f);
+  if (plan.grad_w_gemm_tn) {
+    float* scratch = c.ws.gemm_tn_scratch + int64_t(omp_get_thread_num()) * simd::kGemmTnScratchFloats;
+    plan.kernels->gemm_tn(g.m, g.n, g.k, static_cast<const float*>(g.a), g.lda,
+                          static_cast<const float*>(g.b), g.ldb, g.c, g.ldc, g.beta != 0.0f, scratch);
     return;
   }
   plan.gemm->run(g);
