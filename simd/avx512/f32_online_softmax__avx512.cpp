@@ -66,9 +66,12 @@ struct Acc {
 
 // One vector of terms; masked-off tail lanes arrive as s = -inf, c = 0, and
 // `m` keeps them out of sum_cs.
-template <bool kClassW, bool kMoments>
+// kFinite: the shift is the (finite) max, so every x - shift <= 0 (or NaN)
+// and the exp's range check needs one side only.
+template <bool kClassW, bool kMoments, bool kFinite>
 inline void accumulate(Acc& acc, __m512 x, __m512 c, __m512 shift, __mmask16 m) {
-  const __m512 e = exp_ps(_mm512_sub_ps(x, shift));
+  const __m512 t = _mm512_sub_ps(x, shift);
+  const __m512 e = kFinite ? exp_nonpositive_ps(t) : exp_ps(t);
   acc.se = _mm512_add_ps(acc.se, e);
   if (!kMoments) return;
   // e * max(s, -FLT_MAX): e == 0 exactly where s = -inf, so no 0 * inf.
@@ -81,7 +84,7 @@ inline void accumulate(Acc& acc, __m512 x, __m512 c, __m512 shift, __mmask16 m) 
   }
 }
 
-template <bool kClassW, bool kMoments>
+template <bool kClassW, bool kMoments, bool kFinite>
 void sums(const float* s, const float* class_w, int64_t n, float shift_f, float* out) {
   const __m512 shift = splat(shift_f);
   const __m512 zero = _mm512_setzero_ps();
@@ -89,7 +92,7 @@ void sums(const float* s, const float* class_w, int64_t n, float shift_f, float*
   Acc a0{zero, zero, zero}, a1{zero, zero, zero};
   int64_t i = 0;
   const auto add = [shift](Acc& a, __m512 x, __m512 c, __mmask16 m) {
-    accumulate<kClassW, kMoments>(a, x, c, shift, m);
+    accumulate<kClassW, kMoments, kFinite>(a, x, c, shift, m);
   };
   for (; i + 32 <= n; i += 32) {
     add(a0, _mm512_loadu_ps(s + i), kClassW ? _mm512_loadu_ps(class_w + i) : zero, all);
@@ -109,16 +112,24 @@ void sums(const float* s, const float* class_w, int64_t n, float shift_f, float*
   out[2] = _mm512_reduce_add_ps(_mm512_add_ps(a0.scs, a1.scs));
 }
 
+template <bool kFinite>
+void sums_by_class_w(const float* s, const float* class_w, int64_t n, unsigned extras, float shift,
+                     float* t) {
+  if (!(extras & kSoftmaxMoments)) sums<false, false, kFinite>(s, nullptr, n, shift, t);
+  else if (class_w) sums<true, true, kFinite>(s, class_w, n, shift, t);
+  else sums<false, true, kFinite>(s, class_w, n, shift, t);
+}
+
 }  // namespace
 
 void f32_online_softmax__avx512(const float* s, const float* class_w, int64_t n, int64_t j0,
                                 unsigned extras, SoftmaxState* state) {
   const float tmax = tile_max(s, n);
-  const float shift = detail::shift_of(tmax > state->max ? tmax : state->max);
+  const float max = tmax > state->max ? tmax : state->max;
+  const float shift = detail::shift_of(max);
   float t[3];
-  if (!(extras & kSoftmaxMoments)) sums<false, false>(s, nullptr, n, shift, t);
-  else if (class_w) sums<true, true>(s, class_w, n, shift, t);
-  else sums<false, true>(s, class_w, n, shift, t);
+  if (detail::is_finite(max)) sums_by_class_w<true>(s, class_w, n, extras, shift, t);
+  else sums_by_class_w<false>(s, class_w, n, extras, shift, t);
   int64_t argmax = -1;
   if ((extras & kSoftmaxArgmax) && detail::tile_argmax_needed(state, tmax, j0)) {
     const int64_t i = find_equal(s, n, tmax);
