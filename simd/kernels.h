@@ -62,8 +62,8 @@ struct DlogitsParams {
 };
 
 // gemm_tn's packing scratch, whatever m, n and k: A's strips for 516 rows of
-// C and B's panel of 512 columns, both 256 deep (f32_gemm_tn__avx512.cpp).
-constexpr int64_t kGemmTnScratchFloats = 256 * (516 + 512);
+// C and B's panel of 512 columns, both 128 deep (f32_gemm_tn__avx512.cpp).
+constexpr int64_t kGemmTnScratchFloats = 128 * (516 + 512);
 
 struct KernelSet {
   const char* isa;  // "scalar", "avx2", "avx512", "neon"

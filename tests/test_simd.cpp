@@ -134,7 +134,7 @@ TEST_P(SimdKernels, GemmTnSweep) {
   int failures = 0;
   for (int64_t m : {1, 5, 6, 7, 13, 64, 600}) {  // 600: two pieces of kPackRows
     for (int64_t n : {1, 15, 16, 17, 63, 64, 65, 130, 512, 513, 600}) {
-      for (int64_t k : {0, 1, 2, 7, 48, 520}) {  // 520: three pieces of kPackDepth
+      for (int64_t k : {0, 1, 2, 7, 48, 520}) {  // 520: five pieces of kPackDepth
         if (m * n * k > 20000000) continue;  // the exact sums' cost
         for (bool accumulate : {false, true}) {
           const int64_t lda = m + 3, ldb = n + 5, ldc = n + 2;

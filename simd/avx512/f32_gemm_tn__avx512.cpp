@@ -18,8 +18,9 @@
 //   blocking     k in pieces of kPackDepth and rows of C in pieces of
 //                kPackRows, each piece's A strips packed once; panels of
 //                kPanelCols columns of C: the packed B panel
-//                ([k, kPanelCols], 256 KiB at k = 128) stays in L2 while
-//                every strip of the piece passes over it.
+//                ([k, kPanelCols], 256 KiB) stays in L2 while every strip
+//                of the piece passes over it, and each micro-tile's
+//                [k, 64] part of it (32 KiB) stays in L1 (48 KiB on Zen 5).
 // Each element is C (or 0) + a_0 b_0 + a_1 b_1 + ... in order of k, as fused
 // multiply-adds, so a result does not depend on how the caller splits m or n.
 #include <immintrin.h>
@@ -35,13 +36,17 @@ namespace {
 constexpr int kMR = 6;               // rows of C per micro-tile
 constexpr int kNR = 64;              // columns of C per micro-tile
 constexpr int64_t kPanelCols = 512;  // columns of C per B panel
-// Rows of C per packing of A, and k per packing of A and B: a [512, H]
-// grad_W tile of a row block (k <= 256) goes in one, while the [H, V]
-// layout's [H, 512] (m = H) and the vocabulary-outer order's super-blocks
-// (k in the thousands) go in pieces, so the caller's scratch stays at
-// 256 (516 + 512) floats, 1 MiB, whatever m and k (kGemmTnScratchFloats).
+// Rows of C per packing of A, and k per packing of A and B: the rows of a
+// [512, H] grad_W tile go in one piece, k (a row block's rows, or the
+// vocabulary-outer order's thousands) and the [H, V] layout's m = H in
+// several, so the caller's scratch stays at 128 (516 + 512) floats, 514 KiB,
+// whatever m and k (kGemmTnScratchFloats). k pieces of 256 put the
+// micro-tile's B part (64 KiB) out of L1: GFLOP/s at 2 threads, [512, H]
+// tiles (bench/gemm_engines.cpp --engines gemm_tn --kinds grad_W), 256 ->
+// 128: H = 128, k = 384: 271 -> 308; k = 256: 278 -> 304; H = 768, k = 384:
+// 365 -> 373 (64 and 96 measured within 1-3% of 128, 160 below it).
 constexpr int64_t kPackRows = 86 * kMR;
-constexpr int64_t kPackDepth = 256;
+constexpr int64_t kPackDepth = 128;
 static_assert(kPackRows * kPackDepth + kPackDepth * kPanelCols <= kGemmTnScratchFloats,
               "the caller's scratch holds both packed pieces");
 static_assert(kPackRows * kPackDepth % 16 == 0, "B's packed panel starts 64-byte aligned");
