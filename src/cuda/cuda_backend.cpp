@@ -1,7 +1,7 @@
 // The `cuda` backend: the cpu backend's algorithm on an NVIDIA GPU. cuBLAS
 // GEMMs give the raw logits of one [rows x vocab] score tile at a time;
 // fused kernels turn each tile into softmax states (pass 1) or dlogits
-// (pass 2) while it is in L2; dlogits gather into large gradient blocks for
+// (pass 2) right after its GEMM; dlogits gather into large gradient blocks for
 // the grad_x and grad_W GEMMs. Never an [N, V] buffer; every sum in a fixed
 // order, so the bytes are the same on every run (src/cuda/kernels.h).
 #include "cuda/cuda_backend.h"
