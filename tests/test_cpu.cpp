@@ -402,6 +402,62 @@ TEST_F(CpuVocabOuter, MalformedOrderIsAnErrorNamingIt) {
   EXPECT_NE(out.status.error.find("FLCE_CPU_GRAD_ORDER = 'vocab:0x2'"), std::string::npos) << out.status.error;
 }
 
+// grad_x's two task splits of a rows-outer step (Plan::grad_x_vocab_split),
+// each forced with FLCE_CPU_GRAD_X_SPLIT: runs of vocabulary tiles (six
+// tiles, the last short, over four tasks: 2, 2, 2 and none) into parts
+// summed in order, or hidden chunks (80 and 50 columns) x row groups.
+class CpuGradXSplit : public ::testing::Test {
+ protected:
+  void TearDown() override { unsetenv("FLCE_CPU_GRAD_X_SPLIT"); }
+};
+
+constexpr int64_t kSplitN = 70, kSplitH = 130, kSplitV = 5 * kTile + 100;
+
+TEST_F(CpuGradXSplit, EachSplitAgreesWithTheOracle) {
+  for (const char* split : {"vocab", "hidden"}) {
+    setenv("FLCE_CPU_GRAD_X_SPLIT", split, 1);
+    const flce::cpu::Plan plan =
+        flce::cpu::make_plan(step_shapes(kSplitN, kSplitH, kSplitV), Pass::loss_and_grad, cpu());
+    ASSERT_FALSE(plan.vocab_outer);
+    ASSERT_EQ(plan.grad_x_vocab_split, std::string(split) == "vocab");
+    for (Dtype dtype : {Dtype::f32, Dtype::bf16}) {
+      SCOPED_TRACE(std::string(split) + ", " + flce::dtype_name(dtype));
+      Case c = head(kSplitN, kSplitH, kSplitV).stored_as(dtype).with_bias().label_smoothing(0.1)
+                   .ignore_rows({5});
+      check(c.problem(), c.storage());
+      c.grad_logits(GradLogitsDtype::storage);
+      check(c.problem(), c.storage());
+    }
+  }
+}
+
+TEST_F(CpuGradXSplit, VocabSplitSameBitsForAnyThreadCount) {
+  setenv("FLCE_CPU_GRAD_X_SPLIT", "vocab", 1);
+  for (Dtype dtype : {Dtype::f32, Dtype::bf16}) {
+    SCOPED_TRACE(flce::dtype_name(dtype));
+    const Case c = head(kSplitN, kSplitH, kSplitV).stored_as(dtype).softcap(3);
+    const Outputs one = run_cpu(c, 1);
+    for (int threads : {2, 3}) expect_identical_outputs(run_cpu(c, threads), one);
+  }
+}
+
+TEST_F(CpuGradXSplit, ChosenForSmallHiddenSizesRowsOuter) {
+  EXPECT_TRUE(flce::cpu::make_plan(step_shapes(8192, 128, 32768), Pass::loss_and_grad, cpu(2))
+                  .grad_x_vocab_split);
+  EXPECT_FALSE(flce::cpu::make_plan(step_shapes(4096, 768, 50257), Pass::loss_and_grad, cpu(2))
+                   .grad_x_vocab_split);
+  flce::Problem no_grad_x = step_shapes(8192, 128, 32768);
+  no_grad_x.grad_x = flce::Tensor{};
+  EXPECT_FALSE(flce::cpu::make_plan(no_grad_x, Pass::loss_and_grad, cpu(2)).grad_x_vocab_split);
+}
+
+TEST_F(CpuGradXSplit, MalformedValueIsAnErrorNamingIt) {
+  setenv("FLCE_CPU_GRAD_X_SPLIT", "rows", 1);
+  const Outputs out = run_library(head(4, 3, 10).problem(), head(4, 3, 10).storage(), Request{});
+  EXPECT_FALSE(out.status.ok());
+  EXPECT_NE(out.status.error.find("FLCE_CPU_GRAD_X_SPLIT = 'rows'"), std::string::npos) << out.status.error;
+}
+
 // The plan's own choice: vocab outer where the rows-outer block would be
 // short (large V) and there is more than one block. Either order's
 // workspace stays within the performance issue's 64 MiB at S4, S2 and the

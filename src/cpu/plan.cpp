@@ -123,12 +123,28 @@ void choose_grad_order(const Problem& p, Plan* plan) {
   plan->chunk_tiles = cut.chunk_tiles;
 }
 
+// FLCE_CPU_GRAD_X_SPLIT: "vocab", "hidden", or unset: the plan's choice.
+const char* forced_grad_x_split() { return std::getenv("FLCE_CPU_GRAD_X_SPLIT"); }
+
+// Plan::grad_x_vocab_split: rows outer with grad_x and H up to
+// kVocabSplitMaxHidden (the parts then take at most 4 R H floats, 1 MiB).
+bool grad_x_vocab_split(const Problem& p, const Plan& plan) {
+  const bool grad_x = plan.pass != Pass::forward && p.grad_x.present() && !plan.d.logits_entry;
+  if (!grad_x || plan.vocab_outer) return false;
+  if (const char* forced = forced_grad_x_split()) return std::string(forced) == "vocab";
+  return plan.d.h <= kVocabSplitMaxHidden;
+}
+
 }  // namespace
 
 std::string check_tuning_env() {
   const char* env = std::getenv("FLCE_CPU_SCORE_MIB");
   if (env != nullptr && score_mib_from_env() == 0)
     return "FLCE_CPU_SCORE_MIB = '" + std::string(env) + "': must be a whole number of MiB in [1, 4096]";
+  const char* split = forced_grad_x_split();
+  if (split != nullptr && std::string(split) != "vocab" && std::string(split) != "hidden")
+    return "FLCE_CPU_GRAD_X_SPLIT = '" + std::string(split) +
+           "': must be vocab or hidden (unset: chosen by the problem)";
   if (!forced_order().valid)
     return "FLCE_CPU_GRAD_ORDER = '" + std::string(std::getenv("FLCE_CPU_GRAD_ORDER")) +
            "': must be rows, vocab or vocab:RxT (R rows per super-block, T tiles per chunk; unset: "
@@ -178,13 +194,14 @@ Plan make_plan(const Problem& p, Pass pass, const RunConfig& config) {
   plan.h_chunks = (H + plan.h_chunk - 1) / plan.h_chunk;
   plan.row_groups = std::max<int64_t>(1, kGradXTasks / plan.h_chunks);
   choose_grad_order(p, &plan);
+  plan.grad_x_vocab_split = grad_x_vocab_split(p, plan);
   return plan;
 }
 
 namespace {
 
 // Sizes in bytes of each workspace piece, in carve order.
-constexpr int kPieces = 18;
+constexpr int kPieces = 19;
 struct Sizes {
   size_t bytes[kPieces] = {};
 };
@@ -220,6 +237,7 @@ Sizes sizes_of(const Plan& plan, const Problem& p) {
   s.bytes[15] = pieces ? size_t(kMaxRowBlock) * 4 : 0;
   s.bytes[16] = grads && p.grad_w.present() ? size_t(plan.tiles) : 0;
   s.bytes[17] = plan.grad_w_gemm_tn ? size_t(plan.threads) * size_t(simd::kGemmTnScratchFloats) * 4 : 0;
+  s.bytes[18] = plan.grad_x_vocab_split ? size_t(kGradXTasks * R * H) * 4 : 0;
   return s;
 }
 
@@ -261,6 +279,7 @@ Workspace carve_workspace(const Plan& plan, const Problem& p, void* base) {
   w.label_score = static_cast<float*>(piece[15]);
   w.w_written = static_cast<uint8_t*>(piece[16]);
   w.gemm_tn_scratch = static_cast<float*>(piece[17]);
+  w.grad_x_parts = static_cast<float*>(piece[18]);
   return w;
 }
 

@@ -31,6 +31,16 @@ constexpr int64_t kVocabTile = 512;    // columns per tile: a GEMM's n, a kernel
 // 2.3 -> 1.9 s at S2. More cores would want more tasks; not tuned there.
 constexpr int64_t kGradXTasks = 4;
 constexpr int64_t kMinHiddenChunk = 64;
+// Where H is small each G element feeds only 2H flops of grad_x, and
+// reading G once per hidden chunk shows: up to this H (rows outer) the
+// kGradXTasks tasks split the vocabulary instead, each writing its own
+// [R, H] partial product, summed in task order (Plan::grad_x_vocab_split).
+// Side by side on the 2-core Zen 5 (flce bench, f32 step, N = 8192,
+// V = 32768, two alternations): H = 128 0.78 -> 0.72 s, H = 256 1.37 ->
+// 1.30 s; H = 512 and S1 (H = 768) within the noise. Four more
+// alternations at H = 128 on a busier machine: medians 0.87 -> 0.84 s; S3
+// bf16 with storage G, three: 0.52-0.53 -> 0.48 s.
+constexpr int64_t kVocabSplitMaxHidden = 256;
 // A training step goes vocab outer (Plan) when the rows-outer block would
 // have fewer rows than this. The grad_W traffic it saves grows as 1 / R
 // against one more GEMM; measured side by side on the 2-core Zen 5 (flce
@@ -81,6 +91,9 @@ struct Plan {
   int64_t h_chunk = 0;    // grad_x task width (columns of H)
   int64_t h_chunks = 0;   // ceil(H / h_chunk)
   int64_t row_groups = 0; // grad_x tasks per hidden chunk
+  // grad_x's tasks split the vocabulary (kVocabSplitMaxHidden), each into its
+  // own [R, H] part of Workspace::grad_x_parts; else hidden chunks x row groups.
+  bool grad_x_vocab_split = false;
   int threads = 1;
   Dtype storage = Dtype::f32;      // dtype of x, W (or logits)
   Dtype logits_gemm = Dtype::f32;  // f32 or bf16: X and W in U = X W^T
@@ -143,6 +156,7 @@ struct Workspace {
   void* x_block_grad = nullptr;       // [R, H] in grad_gemm dtype, when it differs
   void* w_scratch = nullptr;          // [threads, T, H] converted W pieces
   float* grad_x_block = nullptr;      // [R, H]
+  float* grad_x_parts = nullptr;      // [kGradXTasks, R, H] (Plan::grad_x_vocab_split)
   simd::SoftmaxState* states = nullptr;  // [R, tiles] (vocab outer: [kMaxRowBlock, tiles])
   RowInfo* rows = nullptr;            // [R]
   double* row_loss = nullptr;         // [N]

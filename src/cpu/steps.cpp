@@ -2,6 +2,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -385,13 +386,13 @@ void grad_logits_and_weights(const Context& c, int64_t i0, int64_t rows) {
 
 namespace {
 
-// grad_x[r0 .. r0+m, h0 .. h0+width] (+)= G[r0 .., tiles t0 .. t1] W[.., h0 ..]
+// out[r0 .. r0+m, h0 .. h0+width] (+)= G[r0 .., tiles t0 .. t1] W[.., h0 ..]
 // over the kept vocab tiles (all of them unless the gradient filter dropped
-// some); `accumulate` adds to what earlier chunks left. With W read in
-// place, one GEMM per run of consecutive kept tiles; else one per tile, in
-// order (W pieces are converted tile by tile).
+// some), out an [R, H] buffer; `accumulate` adds to what it holds. With W
+// read in place, one GEMM per run of consecutive kept tiles; else one per
+// tile, in order (W pieces are converted tile by tile).
 void grad_hidden_task(const Context& c, const ScoreBlock& blk, int64_t r0, int64_t m, int64_t h0,
-                      int64_t width, int64_t t_begin, int64_t t_end, bool accumulate) {
+                      int64_t width, int64_t t_begin, int64_t t_end, bool accumulate, float* out) {
   const Plan& plan = c.plan;
   const int64_t H = plan.d.h, V = plan.d.v;
   const bool bf16 = plan.grad_gemm == Dtype::bf16;
@@ -418,21 +419,46 @@ void grad_hidden_task(const Context& c, const ScoreBlock& blk, int64_t r0, int64
     }
     g.trans_a = false;
     g.b = w.data, g.ldb = w.ld, g.trans_b = !w.vocab_major;
-    g.c = c.ws.grad_x_block + r0 * H + h0, g.ldc = H;
+    g.c = out + r0 * H + h0, g.ldc = H;
     g.beta = first ? 0.0f : 1.0f;
     plan.gemm->run(g);
     first = false;
     t0 = t1;
   }
   if (first)  // every tile filtered out
-    for (int64_t r = r0; r < r0 + m; ++r) std::fill_n(c.ws.grad_x_block + r * H + h0, width, 0.0f);
+    for (int64_t r = r0; r < r0 + m; ++r) std::fill_n(out + r * H + h0, width, 0.0f);
+}
+
+// grad_x_block (+)= G W over tiles t0 .. t1 as kGradXTasks products over
+// runs of tiles (Plan::grad_x_vocab_split), each into its own part, then the
+// parts added row by row in task order: the same sums whatever the threads.
+void grad_hidden_by_vocab(const Context& c, const ScoreBlock& blk, int64_t rows, int64_t t0,
+                          int64_t t1, bool accumulate) {
+  const Plan& plan = c.plan;
+  const int64_t H = plan.d.h, per_task = (t1 - t0 + kGradXTasks - 1) / kGradXTasks;
+  const auto part = [&](int64_t task) { return c.ws.grad_x_parts + task * rows * H; };
+#pragma omp parallel for num_threads(plan.threads) schedule(static)
+  for (int64_t task = 0; task < kGradXTasks; ++task) {
+    const int64_t a = std::min(t1, t0 + task * per_task), b = std::min(t1, a + per_task);
+    grad_hidden_task(c, blk, 0, rows, 0, H, a, b, false, part(task));
+  }
+#pragma omp parallel for num_threads(plan.threads) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* g = c.ws.grad_x_block + r * H;
+    if (!accumulate) std::fill_n(g, H, 0.0f);
+    for (int64_t task = 0; task < kGradXTasks; ++task) {
+      const float* q = part(task) + r * H;
+      for (int64_t h = 0; h < H; ++h) g[h] += q[h];
+    }
+  }
 }
 
 // grad_x_block (+)= G W over tiles t0 .. t1, one owner per (row group,
-// hidden chunk) task of the Plan.
+// hidden chunk) task of the Plan, or split over the vocabulary.
 void grad_hidden_tasks(const Context& c, const ScoreBlock& blk, int64_t rows, int64_t t0, int64_t t1,
                        bool accumulate) {
   const Plan& plan = c.plan;
+  if (plan.grad_x_vocab_split) return grad_hidden_by_vocab(c, blk, rows, t0, t1, accumulate);
   const int64_t H = plan.d.h;
   const int64_t group = (rows + plan.row_groups - 1) / plan.row_groups;
   const int64_t row_groups = (rows + group - 1) / group;
@@ -440,7 +466,7 @@ void grad_hidden_tasks(const Context& c, const ScoreBlock& blk, int64_t rows, in
   for (int64_t task = 0; task < row_groups * plan.h_chunks; ++task) {
     const int64_t r0 = (task / plan.h_chunks) * group, m = std::min(group, rows - r0);
     const int64_t h0 = (task % plan.h_chunks) * plan.h_chunk, width = std::min(plan.h_chunk, H - h0);
-    grad_hidden_task(c, blk, r0, m, h0, width, t0, t1, accumulate);
+    grad_hidden_task(c, blk, r0, m, h0, width, t0, t1, accumulate, c.ws.grad_x_block);
   }
 }
 
