@@ -17,6 +17,7 @@
 
 #include "common/loss_terms.h"
 #include "common/tensor_access.h"
+#include "cpu/operands.h"
 #include "cpu/plan.h"
 #include "cpu/steps.h"
 
@@ -111,10 +112,11 @@ void finish(const cpu::Context& c) {
   }
   if (c.ws.w_written) zero_unwritten_tiles(c);  // there is a grad_w
   if (plan.filter_uniform) add_uniform_term(c);
-  if (c.ws.grad_w_acc) {
+  if (c.ws.grad_w_acc) {  // row by row: each row's bits depend on that row only
     const Tensor g = w_as_vh(p.grad_w, p.w_layout);
+#pragma omp parallel for num_threads(plan.threads) schedule(static)
     for (int64_t j = 0; j < plan.d.v; ++j)
-      for (int64_t h = 0; h < plan.d.h; ++h) store(g, j, h, c.ws.grad_w_acc[j * plan.d.h + h]);
+      cpu::store_row(g, j, c.ws.grad_w_acc + j * plan.d.h, plan.d.h);
   }
   if (c.ws.grad_b_acc)
     for (int64_t j = 0; j < plan.d.v; ++j) store(p.grad_bias, j, c.ws.grad_b_acc[j]);

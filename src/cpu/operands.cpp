@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "common/float16.h"
+#include "common/tensor_access.h"
 
 namespace flce::cpu {
 namespace {
@@ -137,6 +138,24 @@ FLCE_VECTOR_CLONES void f32_to_bf16_bits(const float* in, int64_t n, uint16_t* o
     uint32_t u;
     std::memcpy(&u, in + i, 4);
     out[i] = uint16_t(bf16_rounded_bits(u) >> 16);
+  }
+}
+
+void store_row(const Tensor& t, int64_t r, const float* src, int64_t n) {
+  char* row = static_cast<char*>(t.data) + r * t.stride[0] * int64_t(dtype_size(t.dtype));
+  if (n > 1 && t.stride[1] != 1) {
+    for (int64_t j = 0; j < n; ++j) store(t, r, j, src[j]);
+  } else if (t.dtype == Dtype::f32) {
+    std::memcpy(row, src, size_t(n) * 4);
+  } else if (t.dtype == Dtype::bf16) {
+    f32_to_bf16_bits(src, n, reinterpret_cast<uint16_t*>(row));
+  } else if (t.dtype == Dtype::f16) {
+    for (int64_t j = 0; j < n; ++j) {
+      const uint16_t h = f32_to_f16(src[j]);
+      std::memcpy(row + 2 * j, &h, 2);
+    }
+  } else {
+    for (int64_t j = 0; j < n; ++j) store(t, r, j, src[j]);
   }
 }
 

@@ -29,6 +29,9 @@ WPiece w_piece(const Tensor& w, WeightLayout layout, int64_t j0, int64_t n, int6
 void round_to_storage(float* values, int64_t n, Dtype storage);
 // f32 -> bf16 bits, nearest even.
 void f32_to_bf16_bits(const float* in, int64_t n, uint16_t* out);
+// Row r of the 2-D tensor t = src[0, n), each value rounded once to t's
+// dtype (the bits of store(), vectorized where the row is contiguous).
+void store_row(const Tensor& t, int64_t r, const float* src, int64_t n);
 // values[0, n) rounded to bf16 bits, written over the first 2n bytes of values.
 void f32_to_bf16_in_place(float* values, int64_t n);
 

@@ -482,9 +482,12 @@ void store_grad_x(const Context& c, int64_t i0, int64_t rows) {
   const int64_t H = plan.d.h;
   for (int64_t r = 0; r < rows; ++r) {
     const double u = plan.filter_uniform ? c.ws.rows[r].uniform : 0.0;  // + u_i sum_j c_j W_j
+    if (u == 0) {
+      store_row(c.p.grad_x, i0 + r, c.ws.grad_x_block + r * H, H);
+      continue;
+    }
     for (int64_t h = 0; h < H; ++h)
-      store(c.p.grad_x, i0 + r, h,
-            u == 0 ? c.ws.grad_x_block[r * H + h] : c.ws.grad_x_block[r * H + h] + u * c.ws.uniform_w[h]);
+      store(c.p.grad_x, i0 + r, h, c.ws.grad_x_block[r * H + h] + u * c.ws.uniform_w[h]);
   }
 }
 
