@@ -247,6 +247,19 @@ Outputs run_cpu(const Case& c, int threads, Pass pass = Pass::loss_and_grad) {
   return out;
 }
 
+// With bf16 gradient GEMMs G is rounded to bf16 once, by the conversion;
+// where the f32 G is also read (here the filter, with an eps that keeps
+// every block) it is rounded in f32 first. The two must give the same bits.
+TEST(CpuBf16Gradients, RoundingBeforeTheConversionChangesNoBit) {
+  for (WeightLayout layout : {WeightLayout::vh, WeightLayout::hv}) {
+    const Case plain = head(70, 40, 3 * kTile + 5).layout(layout).stored_as(Dtype::bf16)
+                           .grad_logits(GradLogitsDtype::storage).softcap(5);
+    Case read = plain;
+    read.filter_eps(1e-30);
+    expect_identical_outputs(run_cpu(plain, 2), run_cpu(read, 2));
+  }
+}
+
 TEST(CpuDeterminism, SameBitsForAnyThreadCountAndRun) {
   for (const Case& c : {head(300, 20, 3 * kTile + 17).with_bias().with_token_weights().softcap(3)
                             .label_smoothing(0.1).with_grad_entropy(),

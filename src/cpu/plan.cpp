@@ -175,6 +175,12 @@ Plan make_plan(const Problem& p, Pass pass, const RunConfig& config) {
   plan.filter = grads && !plan.d.logits_entry && plan.filter_eps > 0 &&
                 !(p.options.softcap > 0 && p.options.label_smoothing > 0);
   plan.filter_uniform = plan.filter && p.options.label_smoothing > 0;
+  // G converted to bf16 for the GEMMs is rounded there, once (nearest even):
+  // rounding the f32 G first changes no bit, so it is left out where nothing
+  // else reads the f32 G (the filter, grad_logits, grad_bias).
+  if (plan.grad_gemm == Dtype::bf16 && !plan.d.logits_entry && !plan.filter &&
+      !p.grad_logits.present() && !p.grad_bias.present())
+    plan.round_grad_logits = false;
 
   const bool moments = p.entropy.present() || p.grad_entropy.present() ||
                        p.options.label_smoothing > 0;

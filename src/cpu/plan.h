@@ -98,7 +98,9 @@ struct Plan {
   Dtype storage = Dtype::f32;      // dtype of x, W (or logits)
   Dtype logits_gemm = Dtype::f32;  // f32 or bf16: X and W in U = X W^T
   Dtype grad_gemm = Dtype::f32;    // f32 or bf16: G, X and W in the gradient GEMMs
-  bool round_grad_logits = false;  // grad_logits_dtype = storage with a non-f32 storage
+  // G rounded to the storage dtype in f32 (grad_logits_dtype = storage with a
+  // non-f32 storage), unless only the bf16 conversion for the GEMMs reads it.
+  bool round_grad_logits = false;
   bool grad_w_in_place = false;    // grad_w is f32 with unit inner stride
   // grad_W's f32 products run through the kernel set's gemm_tn (it has one),
   // each thread with its own packing scratch in the workspace.
