@@ -201,6 +201,8 @@ Plan make_plan(const Problem& p, Pass pass, const RunConfig& config) {
   plan.row_groups = std::max<int64_t>(1, kGradXTasks / plan.h_chunks);
   choose_grad_order(p, &plan);
   plan.grad_x_vocab_split = grad_x_vocab_split(p, plan);
+  plan.compact_bf16_g = plan.grad_gemm == Dtype::bf16 && pass != Pass::forward &&
+                        p.grad_x.present() && !plan.d.logits_entry && !plan.grad_x_vocab_split;
   return plan;
 }
 

@@ -94,6 +94,13 @@ struct Plan {
   // grad_x's tasks split the vocabulary (kVocabSplitMaxHidden), each into its
   // own [R, H] part of Workspace::grad_x_parts; else hidden chunks x row groups.
   bool grad_x_vocab_split = false;
+  // bf16 G for grad_x: each row's tiles moved together after the grad_W
+  // GEMMs (Workspace::scores), so that one GEMM spans many tiles; not with
+  // the vocabulary split, where one GEMM per tile (K = kVocabTile) read in
+  // place ran as fast and the move is saved (S3 bf16 step 0.47-0.48 ->
+  // 0.44-0.45 s, three alternations; at S1 the moved rows stay ahead, 1.55
+  // against 1.59-1.63 s).
+  bool compact_bf16_g = false;
   int threads = 1;
   Dtype storage = Dtype::f32;      // dtype of x, W (or logits)
   Dtype logits_gemm = Dtype::f32;  // f32 or bf16: X and W in U = X W^T

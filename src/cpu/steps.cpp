@@ -380,8 +380,7 @@ void grad_logits_and_weights(const Context& c, int64_t i0, int64_t rows) {
   for (int64_t t = 0; t < plan.tiles; ++t) tile_grads(c, blk, i0, rows, t);
   if (plan.filter) count_filtered(c);
   if (plan.filter_uniform) add_uniform_rows(c, i0, rows);
-  if (!plan.d.logits_entry && plan.grad_gemm == Dtype::bf16 && c.p.grad_x.present())
-    compact_bf16_rows(c, blk, rows, 0, plan.tiles);
+  if (plan.compact_bf16_g) compact_bf16_rows(c, blk, rows, 0, plan.tiles);
 }
 
 namespace {
@@ -389,14 +388,16 @@ namespace {
 // out[r0 .. r0+m, h0 .. h0+width] (+)= G[r0 .., tiles t0 .. t1] W[.., h0 ..]
 // over the kept vocab tiles (all of them unless the gradient filter dropped
 // some), out an [R, H] buffer; `accumulate` adds to what it holds. With W
-// read in place, one GEMM per run of consecutive kept tiles; else one per
-// tile, in order (W pieces are converted tile by tile).
+// read in place and G contiguous along rows, one GEMM per run of
+// consecutive kept tiles; else one per tile, in order (W pieces are
+// converted tile by tile; bf16 G not compacted lies tile by tile).
 void grad_hidden_task(const Context& c, const ScoreBlock& blk, int64_t r0, int64_t m, int64_t h0,
                       int64_t width, int64_t t_begin, int64_t t_end, bool accumulate, float* out) {
   const Plan& plan = c.plan;
   const int64_t H = plan.d.h, V = plan.d.v;
   const bool bf16 = plan.grad_gemm == Dtype::bf16;
   const bool w_in_place = c.p.w.dtype == plan.grad_gemm && c.p.w.stride[1] == 1;
+  const bool tile_by_tile = !w_in_place || (bf16 && !plan.compact_bf16_g);  // Plan::compact_bf16_g
   auto kept = [&](int64_t t) { return !plan.filter || c.ws.kept[t]; };
   bool first = !accumulate;
   for (int64_t t0 = t_begin; t0 < t_end;) {
@@ -405,7 +406,7 @@ void grad_hidden_task(const Context& c, const ScoreBlock& blk, int64_t r0, int64
       continue;
     }
     int64_t t1 = t0 + 1;
-    if (w_in_place)
+    if (!tile_by_tile)
       while (t1 < t_end && kept(t1)) ++t1;
     const int64_t j0 = t0 * kVocabTile, n = std::min(t1 * kVocabTile, V) - j0;
     const WPiece w = w_piece(c.p.w, c.p.w_layout, j0, n, h0, width, plan.grad_gemm, thread_scratch(c));
@@ -413,7 +414,8 @@ void grad_hidden_task(const Context& c, const ScoreBlock& blk, int64_t r0, int64
     g.m = m, g.n = width, g.k = n;
     g.ab_dtype = plan.grad_gemm;
     if (bf16) {
-      g.a = blk.bf16_rows(r0, j0), g.lda = 2 * blk.ld;
+      g.a = plan.compact_bf16_g ? blk.bf16_rows(r0, j0) : blk.bf16_tile(r0, j0);
+      g.lda = 2 * blk.ld;
     } else {
       g.a = blk.at(r0, j0), g.lda = blk.ld;
     }
@@ -503,7 +505,7 @@ void grad_vocab_chunk(const Context& c, int64_t i0, int64_t rows, int64_t t0, in
     tile_grads(c, blk, i0, rows, t);
   }
   if (!c.p.grad_x.present()) return;
-  if (plan.grad_gemm == Dtype::bf16) compact_bf16_rows(c, blk, rows, t0, t1);
+  if (plan.compact_bf16_g) compact_bf16_rows(c, blk, rows, t0, t1);
   grad_hidden_tasks(c, blk, rows, t0, t1, /*accumulate=*/t0 > 0);
 }
 
