@@ -123,6 +123,13 @@ void choose_grad_order(const Problem& p, Plan* plan) {
   plan->chunk_tiles = cut.chunk_tiles;
 }
 
+// Plan::scores_ld for rows of `cols` floats: whole 64-byte lines, an odd
+// number of them.
+int64_t padded_row(int64_t cols) {
+  const int64_t lines = (cols + 15) / 16;
+  return 16 * (lines % 2 == 1 ? lines : lines + 1);
+}
+
 // FLCE_CPU_GRAD_X_SPLIT: "vocab", "hidden", or unset: the plan's choice.
 const char* forced_grad_x_split() { return std::getenv("FLCE_CPU_GRAD_X_SPLIT"); }
 
@@ -200,6 +207,7 @@ Plan make_plan(const Problem& p, Pass pass, const RunConfig& config) {
   plan.h_chunks = (H + plan.h_chunk - 1) / plan.h_chunk;
   plan.row_groups = std::max<int64_t>(1, kGradXTasks / plan.h_chunks);
   choose_grad_order(p, &plan);
+  plan.scores_ld = padded_row(plan.vocab_outer ? plan.chunk_tiles * kVocabTile : V);
   plan.grad_x_vocab_split = grad_x_vocab_split(p, plan);
   plan.compact_bf16_g = plan.grad_gemm == Dtype::bf16 && pass != Pass::forward &&
                         p.grad_x.present() && !plan.d.logits_entry && !plan.grad_x_vocab_split;
@@ -226,8 +234,8 @@ Sizes sizes_of(const Plan& plan, const Problem& p) {
   const int64_t state_rows = plan.vocab_outer ? kMaxRowBlock : R;
   Sizes s;
   s.bytes[0] = plan.tile_scores ? tile_bytes
-               : plan.vocab_outer ? std::max(tile_bytes, size_t(R * plan.chunk_tiles * kVocabTile) * 4)
-                                  : size_t(R * V) * 4;
+               : plan.vocab_outer ? std::max(tile_bytes, size_t(R * plan.scores_ld) * 4)
+                                  : size_t(R * plan.scores_ld) * 4;
   s.bytes[1] = size_t(x_rows * H) * logits_elt;
   s.bytes[2] = grads && plan.grad_gemm != plan.logits_gemm ? size_t(R * H) * grad_elt : 0;
   s.bytes[3] = size_t(plan.threads) * size_t(kVocabTile * H) * 4;

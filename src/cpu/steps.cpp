@@ -57,7 +57,6 @@ void scores_in_place(const Context& c, float* tile, int64_t ld, int64_t rows, in
 
 void scores_and_states(const Context& c, int64_t i0, int64_t rows) {
   const Plan& plan = c.plan;
-  const int64_t V = plan.d.v;
   if (!plan.d.logits_entry) {
     load_rows(c.p.x, i0, rows, plan.logits_gemm, c.ws.x_block);
     if (plan.tile_scores && rows < plan.row_block)  // the padding rows (Plan::tile_scores)
@@ -71,7 +70,7 @@ void scores_and_states(const Context& c, int64_t i0, int64_t rows) {
     float* const tile = plan.tile_scores
         ? c.ws.scores + int64_t(omp_get_thread_num()) * plan.row_block * kVocabTile
         : c.ws.scores + j0;
-    const int64_t ld = plan.tile_scores ? kVocabTile : V;
+    const int64_t ld = plan.tile_scores ? kVocabTile : plan.scores_ld;
     if (plan.d.logits_entry) {
       for (int64_t r = 0; r < rows; ++r) {
         Tensor row = c.p.logits;  // row i0 + r, columns j0 .. j0+n, as a 1 x n region
@@ -190,7 +189,7 @@ void merge_rows(const Context& c, int64_t i0, int64_t rows) {
     if (plan.softmax_extras & simd::kSoftmaxMoments)
       info.sbar = m.max == INFINITY ? NAN : weighted_mean_score(st, plan.tiles, info.lse);
     if (!info.ignored)
-      info.s_y = plan.tile_scores ? c.ws.label_score[r] : c.ws.scores[r * plan.d.v + info.y];
+      info.s_y = plan.tile_scores ? c.ws.label_score[r] : c.ws.scores[r * plan.scores_ld + info.y];
     if (plan.pass != Pass::forward) set_grad_terms(c, i, &info);
     if (plan.pass == Pass::backward) continue;
     const double t_i = p.token_weights.present() ? load(p.token_weights, i) : 1.0;
@@ -374,7 +373,7 @@ void load_grad_rows(const Context& c, int64_t i0, int64_t rows) {
 
 void grad_logits_and_weights(const Context& c, int64_t i0, int64_t rows) {
   const Plan& plan = c.plan;
-  const ScoreBlock blk{c.ws.scores, plan.d.v, 0};
+  const ScoreBlock blk{c.ws.scores, plan.scores_ld, 0};
   load_grad_rows(c, i0, rows);
 #pragma omp parallel for num_threads(plan.threads) schedule(static)
   for (int64_t t = 0; t < plan.tiles; ++t) tile_grads(c, blk, i0, rows, t);
@@ -475,7 +474,7 @@ void grad_hidden_tasks(const Context& c, const ScoreBlock& blk, int64_t rows, in
 }  // namespace
 
 void grad_hidden(const Context& c, int64_t i0, int64_t rows) {
-  grad_hidden_tasks(c, ScoreBlock{c.ws.scores, c.plan.d.v, 0}, rows, 0, c.plan.tiles, false);
+  grad_hidden_tasks(c, ScoreBlock{c.ws.scores, c.plan.scores_ld, 0}, rows, 0, c.plan.tiles, false);
   store_grad_x(c, i0, rows);
 }
 
@@ -495,7 +494,7 @@ void store_grad_x(const Context& c, int64_t i0, int64_t rows) {
 
 void grad_vocab_chunk(const Context& c, int64_t i0, int64_t rows, int64_t t0, int64_t t1) {
   const Plan& plan = c.plan;
-  const ScoreBlock blk{c.ws.scores, plan.chunk_tiles * kVocabTile, t0 * kVocabTile};
+  const ScoreBlock blk{c.ws.scores, plan.scores_ld, t0 * kVocabTile};
   if (t0 == 0) load_grad_rows(c, i0, rows);
 #pragma omp parallel for num_threads(plan.threads) schedule(static)
   for (int64_t t = t0; t < t1; ++t) {
