@@ -1,5 +1,6 @@
 // simd/vmath_constants.h: the constants of the vector exp and tanh, shared
-// by every ISA's vmath header so all sets evaluate the same approximation.
+// by every ISA's vmath header so the sets evaluate the same approximations
+// (AVX-512's exp adds the table form below, from -87 up).
 #pragma once
 
 namespace flce::simd::vmath {

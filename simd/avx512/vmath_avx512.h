@@ -77,8 +77,8 @@ inline __m512 exp_table(__m512 x) {
 // exp(x) over the whole range, clamped to [kExpLo, kExpHi] (NaN stays NaN).
 // From -kExpFast up: exp_table's formula with 2^q applied by vscalefps, which
 // is exact for normal results (so the bits equal exp_table's where both
-// apply) and rounds overflow to +inf. Below -kExpFast, where results go
-// subnormal: 2^n p with n = round(x log2 e) and p = exp(r) by the degree-6
+// apply) and rounds overflow to +inf. Below -kExpFast (results near and
+// below FLT_MIN): 2^n p with n = round(x log2 e) and p = exp(r) by the degree-6
 // polynomial; the result's bits are the integer round(p 2^(n+149)), an exact
 // product of normal numbers that cvtps2dq rounds once, to nearest even, on
 // the subnormal grid (an integer of 2^23 or more is the right normal number),
@@ -100,13 +100,9 @@ inline __m512 exp_full(__m512 x) {
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, splat(kLn2Hi), x);
   r = _mm512_fnmadd_ps(n, splat(kLn2Lo), r);
-  const __m512 p = exp_poly(r);
-  const __mmask16 sub = _mm512_cmp_ps_mask(n, splat(-125.5f), _CMP_LT_OQ);
-  const __m512 normal = _mm512_scalef_ps(p, n);
-  const __m512 scaled = _mm512_maskz_scalef_ps(sub, p, _mm512_add_ps(n, splat(149.0f)));
-  const __m512 tiny =
-      _mm512_mask_mov_ps(normal, sub, _mm512_castsi512_ps(_mm512_maskz_cvtps_epi32(sub, scaled)));
-  return _mm512_mask_mov_ps(y, low, tiny);
+  // Those lanes have n in [-150, -126], so p 2^(n+149) is in [0.35, 2^23.5].
+  const __m512 scaled = _mm512_scalef_ps(exp_poly(r), _mm512_add_ps(n, splat(149.0f)));
+  return _mm512_mask_mov_ps(y, low, _mm512_castsi512_ps(_mm512_cvtps_epi32(scaled)));
 }
 
 // exp(x), within 1.01 ulp everywhere (subnormal results included; measured

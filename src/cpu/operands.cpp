@@ -143,13 +143,12 @@ FLCE_VECTOR_CLONES void f32_to_bf16_bits(const float* in, int64_t n, uint16_t* o
 
 void store_row(const Tensor& t, int64_t r, const float* src, int64_t n) {
   char* row = static_cast<char*>(t.data) + r * t.stride[0] * int64_t(dtype_size(t.dtype));
-  if (n > 1 && t.stride[1] != 1) {
-    for (int64_t j = 0; j < n; ++j) store(t, r, j, src[j]);
-  } else if (t.dtype == Dtype::f32) {
+  const bool contiguous = n <= 1 || t.stride[1] == 1;
+  if (contiguous && t.dtype == Dtype::f32) {
     std::memcpy(row, src, size_t(n) * 4);
-  } else if (t.dtype == Dtype::bf16) {
+  } else if (contiguous && t.dtype == Dtype::bf16) {
     f32_to_bf16_bits(src, n, reinterpret_cast<uint16_t*>(row));
-  } else if (t.dtype == Dtype::f16) {
+  } else if (contiguous && t.dtype == Dtype::f16) {
     for (int64_t j = 0; j < n; ++j) {
       const uint16_t h = f32_to_f16(src[j]);
       std::memcpy(row + 2 * j, &h, 2);

@@ -157,13 +157,14 @@ struct RowInfo {
 
 // Scratch carved from one workspace, each piece 64-byte aligned.
 struct Workspace {
-  // [R, V] (rows Plan::scores_ld apart): s, then G in place (ScoreBlock). For bf16 gradient GEMMs each
-  // tile's G is then converted in place to bf16, at the start of its own f32
-  // span: as a bf16 matrix, columns j0 .. j0+n of tile t sit at 2 j0 ..
-  // 2 j0+n of rows 2V apart (ScoreBlock::bf16_tile). Once every tile's
-  // grad_W GEMM has read it, each row's tiles move left to lie contiguous,
-  // columns 0 .. V at 0 .. V (ScoreBlock::bf16_rows), so that grad_x takes
-  // one GEMM over many tiles. Vocab outer: [R, chunk] the same way, and
+  // [R, V], rows Plan::scores_ld floats apart: s, then G in place
+  // (ScoreBlock). For bf16 gradient GEMMs each tile's G is then converted in
+  // place to bf16, at the start of its own f32 span: as a bf16 matrix,
+  // columns j0 .. j0+n of tile t sit at 2 j0 .. 2 j0+n of rows 2 scores_ld
+  // apart (ScoreBlock::bf16_tile). With Plan::compact_bf16_g, once every
+  // tile's grad_W GEMM has read it, each row's tiles move left to lie
+  // contiguous, columns 0 .. V at 0 .. V (ScoreBlock::bf16_rows), so that
+  // grad_x takes one GEMM over many tiles. Vocab outer: [R, chunk] the same way, and
   // before that the forward pieces' tiles. With Plan::tile_scores:
   // [threads, kMaxRowBlock, kVocabTile], one tile per thread.
   float* scores = nullptr;
