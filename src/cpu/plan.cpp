@@ -172,7 +172,6 @@ Plan make_plan(const Problem& p, Pass pass, const RunConfig& config) {
   plan.logits_gemm = bf16 ? Dtype::bf16 : Dtype::f32;
   const bool storage_grads = p.options.grad_logits_dtype == GradLogitsDtype::storage;
   plan.grad_gemm = bf16 && storage_grads ? Dtype::bf16 : Dtype::f32;
-  plan.round_grad_logits = storage_grads && plan.storage != Dtype::f32;
   plan.grad_w_in_place = p.grad_w.present() && p.grad_w.dtype == Dtype::f32 && p.grad_w.stride[1] == 1;
 
   const bool grads = pass != Pass::forward && (p.grad_x.present() || p.grad_w.present());
@@ -185,9 +184,9 @@ Plan make_plan(const Problem& p, Pass pass, const RunConfig& config) {
   // G converted to bf16 for the GEMMs is rounded there, once (nearest even):
   // rounding the f32 G first changes no bit, so it is left out where nothing
   // else reads the f32 G (the filter, grad_logits, grad_bias).
-  if (plan.grad_gemm == Dtype::bf16 && !plan.d.logits_entry && !plan.filter &&
-      !p.grad_logits.present() && !p.grad_bias.present())
-    plan.round_grad_logits = false;
+  const bool only_bf16_reads_g = plan.grad_gemm == Dtype::bf16 && !plan.d.logits_entry &&
+                                 !plan.filter && !p.grad_logits.present() && !p.grad_bias.present();
+  plan.round_grad_logits = storage_grads && plan.storage != Dtype::f32 && !only_bf16_reads_g;
 
   const bool moments = p.entropy.present() || p.grad_entropy.present() ||
                        p.options.label_smoothing > 0;
