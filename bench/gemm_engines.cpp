@@ -15,7 +15,8 @@
 //          [--kinds logits,grad_x,grad_W] [--rows 64,256] [--tiles 256,1024]
 //          [--hidden 128,768,2304,4096] [--setenv-coretype NAME]
 // Besides the engines, "gemm_tn" is the cpu backend's own short-k kernel for
-// grad_W (simd::KernelSet::gemm_tn, f32 on AVX-512), timed for grad_W only.
+// grad_W (simd::KernelSet::gemm_tn: f32 on AVX-512, bf16 with AVX512-BF16),
+// timed for grad_W only.
 // Each cell is the best of --repeats runs of --seconds each. Two rates: wall
 // (all threads' flops over wall time) and cpu (each thread's flops over its
 // own CPU time, summed): on a loaded machine the cpu rate is the one to
@@ -98,27 +99,35 @@ struct Buffer {
   }
 };
 
-// simd::KernelSet::gemm_tn behind the engine interface, for grad_W's calls
-// (A transposed, f32) alone, as the backend uses it.
+// simd::KernelSet::gemm_tn (f32) and gemm_tn_bf16 behind the engine
+// interface, for grad_W's calls (A transposed) alone, as the backend uses them.
 class GemmTnKernel final : public GemmEngine {
  public:
   const char* name() const override { return "gemm_tn"; }
   std::string describe() const override {
-    return std::string("gemm_tn: flce's short-k grad_W kernel, ") + flce::simd::best_kernels().isa;
+    const flce::simd::KernelSet& ks = flce::simd::best_kernels();
+    return std::string("gemm_tn: flce's short-k grad_W kernel, ") + ks.isa +
+           (ks.gemm_tn_bf16 ? " (f32, bf16)" : " (f32)");
   }
   bool supports(Dtype ab_dtype) const override {
-    return ab_dtype == Dtype::f32 && flce::simd::best_kernels().gemm_tn != nullptr;
+    const flce::simd::KernelSet& ks = flce::simd::best_kernels();
+    return ab_dtype == Dtype::f32 ? ks.gemm_tn != nullptr
+                                  : ab_dtype == Dtype::bf16 && ks.gemm_tn_bf16 != nullptr;
   }
   void run(const GemmArgs& g) const override {
     if (!supports(g.ab_dtype) || !g.trans_a || g.trans_b)
-      throw std::invalid_argument("gemm_tn runs f32 C (+)= A^T B only");
+      throw std::invalid_argument("gemm_tn runs C (+)= A^T B only");
     // The calling thread's packing scratch, as the backend carves one per
     // thread from its workspace.
     thread_local std::vector<float> store(size_t(flce::simd::kGemmTnScratchFloats) + 16);
     float* scratch = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(store.data()) + 63) / 64 * 64);
-    flce::simd::best_kernels().gemm_tn(g.m, g.n, g.k, static_cast<const float*>(g.a), g.lda,
-                                       static_cast<const float*>(g.b), g.ldb, g.c, g.ldc,
-                                       g.beta != 0.0f, scratch);
+    const flce::simd::KernelSet& ks = flce::simd::best_kernels();
+    if (g.ab_dtype == Dtype::f32)
+      ks.gemm_tn(g.m, g.n, g.k, static_cast<const float*>(g.a), g.lda, static_cast<const float*>(g.b),
+                 g.ldb, g.c, g.ldc, g.beta != 0.0f, scratch);
+    else
+      ks.gemm_tn_bf16(g.m, g.n, g.k, static_cast<const uint16_t*>(g.a), g.lda,
+                      static_cast<const uint16_t*>(g.b), g.ldb, g.c, g.ldc, g.beta != 0.0f, scratch);
   }
 };
 

@@ -34,6 +34,11 @@
 //                  order of k by fused multiply-adds from C (or 0), so its bits
 //                  do not depend on m, n or where the caller splits them.
 //                  AVX-512 only (f32_gemm_tn__avx512.cpp says why).
+//  gemm_tn_bf16    C = (accumulate ? C : 0) + A^T B for bf16 A and B: k taken in
+//                  pairs (rows 2p, 2p + 1; an odd k's last row with 0), each pair
+//                  added to C (or 0) in order of k by one vdpbf16ps step, so its
+//                  bits do not depend on m, n or where the caller splits them.
+//                  AVX-512 with AVX512-BF16 only (bf16_gemm_tn__avx512bf16.cpp).
 #pragma once
 
 #include <cstdint>
@@ -61,5 +66,8 @@ FLCE_SIMD_DECLARE_SET(neon)
 void f32_gemm_tn__avx512(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
                          const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate,
                          float* scratch);
+void bf16_gemm_tn__avx512bf16(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda,
+                              const uint16_t* b, int64_t ldb, float* c, int64_t ldc,
+                              bool accumulate, float* scratch);
 
 }  // namespace flce::simd

@@ -7,7 +7,8 @@
 //   online_softmax  folds s_0..s_{n-1} into the row's running state
 //   dlogits         g_j = d objective / d u_j from s_j and the row's lse
 // plus exp, used by both and tested on its own, and (where an ISA has one)
-// gemm_tn, the grad_W product G^T X of a tile, whose k is short. The
+// gemm_tn (and gemm_tn_bf16), the grad_W product G^T X of a tile, whose k
+// is short. The
 // README's "Semantics" defines every quantity; names follow XNNPACK's habit:
 // f32_<job>__<isa>, one file per ISA under simd/<isa>/.
 //
@@ -88,6 +89,12 @@ struct KernelSet {
   // Null where the set has none: the GEMM engine does it then.
   void (*gemm_tn)(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
                   int64_t ldb, float* c, int64_t ldc, bool accumulate, float* scratch);
+  // The same product with A and B in bf16 (uint16_t bits) and C in f32, for
+  // the grad_W update from bf16 G; same scratch. Null where the set or this
+  // CPU has none (AVX-512 without AVX512-BF16): the GEMM engine does it then.
+  void (*gemm_tn_bf16)(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda,
+                       const uint16_t* b, int64_t ldb, float* c, int64_t ldc, bool accumulate,
+                       float* scratch);
 };
 
 // The sets compiled into this binary, best first, and the one chosen once

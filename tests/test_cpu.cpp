@@ -166,6 +166,13 @@ TEST(CpuStorage, GradLogitsInTheStorageDtype) {
       check(d, st, Pass::loss_and_grad);
       check(d, st, Pass::backward);
     }
+  // bf16 G: grad_W through gemm_tn_bf16 where the CPU has it, with whole
+  // 8 x 48 micro-tiles in each layout and an odd row count (k = 17).
+  for (WeightLayout layout : {WeightLayout::vh, WeightLayout::hv}) {
+    DenseProblem d = head(17, 100, kTile + 9).layout(layout).stored_as(Dtype::bf16).problem();
+    d.options.grad_logits_dtype = GradLogitsDtype::storage;
+    check(d, head(1, 1, 1).stored_as(Dtype::bf16).storage(), Pass::loss_and_grad);
+  }
 }
 
 TEST(CpuTiles, VocabAroundTheTileWidth) {

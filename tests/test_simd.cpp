@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/float16.h"
 #include "simd/dispatch.h"
 #include "simd/kernels.h"
 #include "simd/testing/kernel_checks.h"
@@ -112,18 +113,31 @@ TEST_P(SimdKernels, DlogitsMatchesScalar) {
   EXPECT_EQ(r.failed, 0) << r.summary();
 }
 
-// gemm_tn, C (+)= A^T B, over the sizes around its 6 x 64 micro-tile, its
-// 516-row and 256-deep packing pieces and 512-column panels (k = 0 too:
-// C = 0 or kept), with A and B inside larger arrays and C written with and
-// without accumulate. Each element must be
-// within gamma_{k+1} (|C| + sum_p |a_p b_p|) of the exact sum (the bound of
-// any k + 1 term f32 sum, NUMERICS.md); without accumulate a NaN-filled C
-// must be ignored; the padding of C must stay untouched; and splitting m
-// and n over four calls must give the same bits (the kernel's promise,
-// which keeps the cpu backend's grad_W independent of its tiling).
-TEST_P(SimdKernels, GemmTnSweep) {
-  SIMD_REQUIRE_SET(ks);
-  if (!ks->gemm_tn) GTEST_SKIP() << GetParam() << " has no gemm_tn: the GEMM engine runs grad_W";
+// The elements of gemm_tn's A and B: f32, or bf16 bits (gemm_tn_bf16).
+struct F32Elements {
+  using T = float;
+  static T make(float v) { return v; }
+  static double value(T v) { return v; }
+};
+struct Bf16Elements {
+  using T = uint16_t;
+  static T make(float v) { return f32_to_bf16(v); }
+  static double value(T v) { return bf16_to_f32(v); }
+};
+
+// gemm_tn or gemm_tn_bf16, C (+)= A^T B, over the sizes around both
+// kernels' micro-tiles (6 x 64, 8 x 48), their packing pieces of rows (516,
+// 512) and of k (128, 256) and their panels (512, 480 columns), k = 0 too
+// (C = 0 or kept), with A and B inside larger arrays and C written with and
+// without accumulate. Each element must be within gamma_{k+1} (|C| +
+// sum_p |a_p b_p|) of the exact sum (the bound of any k + 1 term f32 sum,
+// NUMERICS.md; bf16 products are exact in f32); without accumulate a
+// NaN-filled C must be ignored; the padding of C must stay untouched; and
+// splitting m and n over four calls must give the same bits (the kernel's
+// promise, which keeps the cpu backend's grad_W independent of its tiling).
+template <class E, class Kernel>
+int sweep_gemm_tn(Kernel kernel) {
+  using T = typename E::T;
   std::mt19937 rng(7);
   std::normal_distribution<float> normal;
   const double u = std::ldexp(1.0, -24);
@@ -132,20 +146,21 @@ TEST_P(SimdKernels, GemmTnSweep) {
   float* const scratch = reinterpret_cast<float*>(
       (reinterpret_cast<uintptr_t>(scratch_store.data()) + 63) / 64 * 64);
   int failures = 0;
-  for (int64_t m : {1, 5, 6, 7, 13, 64, 600}) {  // 600: two pieces of kPackRows
-    for (int64_t n : {1, 15, 16, 17, 63, 64, 65, 130, 512, 513, 600}) {
-      for (int64_t k : {0, 1, 2, 7, 48, 520}) {  // 520: five pieces of kPackDepth
+  for (int64_t m : {1, 5, 6, 7, 8, 9, 17, 64, 600}) {  // 600: two pieces of rows
+    for (int64_t n : {1, 15, 16, 17, 47, 48, 49, 63, 64, 65, 130, 480, 481, 512, 513, 600}) {
+      for (int64_t k : {0, 1, 2, 3, 7, 48, 520}) {  // 520: pieces of 128 and 256
         if (m * n * k > 20000000) continue;  // the exact sums' cost
         for (bool accumulate : {false, true}) {
           const int64_t lda = m + 3, ldb = n + 5, ldc = n + 2;
-          std::vector<float> a(size_t(k * lda)), b(size_t(k * ldb)), c0(size_t(m * ldc));
-          for (float& v : a) v = normal(rng);
-          for (float& v : b) v = normal(rng);
+          std::vector<T> a(size_t(k * lda)), b(size_t(k * ldb));
+          std::vector<float> c0(size_t(m * ldc));
+          for (T& v : a) v = E::make(normal(rng));
+          for (T& v : b) v = E::make(normal(rng));
           for (float& v : c0) v = accumulate ? normal(rng) : std::numeric_limits<float>::quiet_NaN();
           auto call = [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1, float* c) {
             if (i1 > i0 && j1 > j0)
-              ks->gemm_tn(i1 - i0, j1 - j0, k, a.data() + i0, lda, b.data() + j0, ldb,
-                          c + i0 * ldc + j0, ldc, accumulate, scratch);
+              kernel(i1 - i0, j1 - j0, k, a.data() + i0, lda, b.data() + j0, ldb,
+                     c + i0 * ldc + j0, ldc, accumulate, scratch);
           };
           const std::string where = "m=" + std::to_string(m) + " n=" + std::to_string(n) +
                                     " k=" + std::to_string(k) + " acc=" + std::to_string(accumulate);
@@ -155,7 +170,7 @@ TEST_P(SimdKernels, GemmTnSweep) {
             for (int64_t j = 0; j < n; ++j) {
               double exact = accumulate ? c0[i * ldc + j] : 0.0, mag = std::fabs(exact);
               for (int64_t p = 0; p < k; ++p) {
-                const double t = double(a[p * lda + i]) * b[p * ldb + j];
+                const double t = E::value(a[p * lda + i]) * E::value(b[p * ldb + j]);
                 exact += t, mag += std::fabs(t);
               }
               const double bound = flce_test::gamma(double(k + 1), u) * mag;
@@ -179,7 +194,20 @@ TEST_P(SimdKernels, GemmTnSweep) {
       }
     }
   }
-  EXPECT_EQ(failures, 0);
+  return failures;
+}
+
+TEST_P(SimdKernels, GemmTnSweep) {
+  SIMD_REQUIRE_SET(ks);
+  if (!ks->gemm_tn) GTEST_SKIP() << GetParam() << " has no gemm_tn: the GEMM engine runs grad_W";
+  EXPECT_EQ(sweep_gemm_tn<F32Elements>(ks->gemm_tn), 0);
+}
+
+TEST_P(SimdKernels, GemmTnBf16Sweep) {
+  SIMD_REQUIRE_SET(ks);
+  if (!ks->gemm_tn_bf16)
+    GTEST_SKIP() << GetParam() << " has no gemm_tn_bf16 on this CPU: the GEMM engine runs bf16 grad_W";
+  EXPECT_EQ(sweep_gemm_tn<Bf16Elements>(ks->gemm_tn_bf16), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Simd, SimdKernels,

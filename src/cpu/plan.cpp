@@ -175,8 +175,9 @@ Plan make_plan(const Problem& p, Pass pass, const RunConfig& config) {
   plan.grad_w_in_place = p.grad_w.present() && p.grad_w.dtype == Dtype::f32 && p.grad_w.stride[1] == 1;
 
   const bool grads = pass != Pass::forward && (p.grad_x.present() || p.grad_w.present());
-  plan.grad_w_gemm_tn = pass != Pass::forward && p.grad_w.present() && !plan.d.logits_entry &&
-                        plan.grad_gemm == Dtype::f32 && plan.kernels->gemm_tn != nullptr;
+  const bool has_gemm_tn = plan.grad_gemm == Dtype::f32 ? plan.kernels->gemm_tn != nullptr
+                                                        : plan.kernels->gemm_tn_bf16 != nullptr;
+  plan.grad_w_gemm_tn = pass != Pass::forward && p.grad_w.present() && !plan.d.logits_entry && has_gemm_tn;
   plan.filter_eps = filter_eps_for(p.options, plan.storage);
   plan.filter = grads && !plan.d.logits_entry && plan.filter_eps > 0 &&
                 !(p.options.softcap > 0 && p.options.label_smoothing > 0);

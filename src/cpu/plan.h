@@ -116,8 +116,9 @@ struct Plan {
   // non-f32 storage), unless only the bf16 conversion for the GEMMs reads it.
   bool round_grad_logits = false;
   bool grad_w_in_place = false;    // grad_w is f32 with unit inner stride
-  // grad_W's f32 products run through the kernel set's gemm_tn (it has one),
-  // each thread with its own packing scratch in the workspace.
+  // grad_W's products run through the kernel set's gemm_tn (f32) or
+  // gemm_tn_bf16 (bf16 G) where it has one, each thread with its own packing
+  // scratch in the workspace.
   bool grad_w_gemm_tn = false;
   // Gradient filtering (README): on for the head entry's gradient passes
   // when filter_eps > 0, except with a softcap and label smoothing together

@@ -307,18 +307,22 @@ void grad_w_gemm(const Context& c, const ScoreBlock& blk, int64_t rows, int64_t 
   uint8_t& written = c.ws.w_written[j0 / kVocabTile];
   g.beta = written ? 1.0f : 0.0f;
   written = 1;
-  // f32, either layout (both products are A^T B): the ISA's short-k kernel
-  // where it has one (simd::KernelSet::gemm_tn). oneDNN -> gemm_tn in
-  // GFLOP/s on the 2-core Zen 5, 2 threads, [512, H] tiles of the [V, H]
-  // layout, H = 768, 2304, 4096 (bench/gemm_engines.cpp): k = 48: 190-196
-  // -> 344-368; k = 96: 256-266 -> 348-376; k = 240: 316-344 -> 369-383. A
-  // bf16 one (AVX512-BF16) was measured and dropped: only at k = 48 did it
-  // beat oneDNN's bf16 (385-430 against 320-357), and the benchmark shapes'
-  // bf16 blocks are longer.
+  // Either layout (both products are A^T B): the ISA's short-k kernel where
+  // it has one (simd::KernelSet::gemm_tn, gemm_tn_bf16). oneDNN -> gemm_tn
+  // in GFLOP/s on the 2-core Zen 5, 2 threads, [512, H] tiles of the [V, H]
+  // layout, H = 768, 2304, 4096 (bench/gemm_engines.cpp): f32 k = 48:
+  // 190-196 -> 344-368; k = 96: 256-266 -> 348-376; k = 240: 316-344 ->
+  // 369-383. bf16: about twice as fast alone at k = 48 and 96; inside the
+  // steps faster at k = 96, level at 240-256 (bf16_gemm_tn__avx512bf16.cpp).
   if (plan.grad_w_gemm_tn) {
     float* scratch = c.ws.gemm_tn_scratch + int64_t(omp_get_thread_num()) * simd::kGemmTnScratchFloats;
-    plan.kernels->gemm_tn(g.m, g.n, g.k, static_cast<const float*>(g.a), g.lda,
-                          static_cast<const float*>(g.b), g.ldb, g.c, g.ldc, g.beta != 0.0f, scratch);
+    if (bf16)
+      plan.kernels->gemm_tn_bf16(g.m, g.n, g.k, static_cast<const uint16_t*>(g.a), g.lda,
+                                 static_cast<const uint16_t*>(g.b), g.ldb, g.c, g.ldc, g.beta != 0.0f,
+                                 scratch);
+    else
+      plan.kernels->gemm_tn(g.m, g.n, g.k, static_cast<const float*>(g.a), g.lda,
+                            static_cast<const float*>(g.b), g.ldb, g.c, g.ldc, g.beta != 0.0f, scratch);
     return;
   }
   plan.gemm->run(g);
