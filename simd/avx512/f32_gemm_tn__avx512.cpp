@@ -53,7 +53,12 @@ static_assert(kPackRows * kPackDepth % 16 == 0, "B's packed panel starts 64-byte
 
 // 6 x 64 of C += Ap^T Bp: Ap is [k, 6], Bp is [k, 64], both packed. C rows
 // are ldc apart; with !accumulate C is written, not read.
-void micro_tile(int64_t k, const float* ap, const float* bp, float* c, int64_t ldc, bool accumulate) {
+void micro_tile(int64_t k, const float* ap, const float* bp, float* c, int64_t ldc, bool accumulate,
+                const float* c_next) {
+  // The next micro-tile's C, 24 lines, is fetched while this one computes.
+  if (accumulate && c_next)
+    for (int i = 0; i < kMR; ++i)
+      for (int j = 0; j < kNR; j += 16) _mm_prefetch(reinterpret_cast<const char*>(c_next + i * ldc + j), _MM_HINT_T0);
 #define FLCE_ROW(i) __m512 c##i##0, c##i##1, c##i##2, c##i##3;
   FLCE_ROW(0) FLCE_ROW(1) FLCE_ROW(2) FLCE_ROW(3) FLCE_ROW(4) FLCE_ROW(5)
 #undef FLCE_ROW
@@ -92,7 +97,7 @@ void edge_tile(int64_t k, const float* ap, const float* bp, float* c, int64_t ld
                int rows, int64_t cols) {
   alignas(64) float tile[kMR * kNR] = {};
   for (int i = 0; i < rows && accumulate; ++i) std::copy_n(c + i * ldc, cols, tile + i * kNR);
-  micro_tile(k, ap, bp, tile, kNR, true);
+  micro_tile(k, ap, bp, tile, kNR, true, nullptr);
   for (int i = 0; i < rows; ++i) std::copy_n(tile + i * kNR, cols, c + i * ldc);
 }
 
@@ -135,8 +140,10 @@ void gemm_tn_rows(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, 
         const int64_t cols = std::min<int64_t>(kNR, panel - jb);
         float* ct = c + s * kMR * ldc + n0 + jb;
         const float* bt = bp + jb * k;
+        const bool last_col = jb + kNR >= panel;
+        const float* next = last_col ? (s + 1 < strips ? c + (s + 1) * kMR * ldc + n0 : nullptr) : ct + kNR;
         if (rows == kMR && cols == kNR)
-          micro_tile(k, ap + s * k * kMR, bt, ct, ldc, accumulate);
+          micro_tile(k, ap + s * k * kMR, bt, ct, ldc, accumulate, next);
         else
           edge_tile(k, ap + s * k * kMR, bt, ct, ldc, accumulate, rows, cols);
       }
