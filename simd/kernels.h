@@ -63,7 +63,8 @@ struct DlogitsParams {
 };
 
 // gemm_tn's packing scratch, whatever m, n and k: A's strips for 516 rows of
-// C and B's panel of 512 columns, both 128 deep (f32_gemm_tn__avx512.cpp).
+// C and B's panel of 512 columns, both 128 deep (f32_gemm_tn__avx512.cpp);
+// gemm_tn_bf16's smaller pieces fit in it too (bf16_gemm_tn__avx512bf16.cpp).
 constexpr int64_t kGemmTnScratchFloats = 128 * (516 + 512);
 
 struct KernelSet {

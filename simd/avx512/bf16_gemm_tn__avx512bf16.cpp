@@ -144,8 +144,8 @@ void pack_b(int64_t k, const uint16_t* b, int64_t ldb, int64_t cols, uint16_t* b
 }
 
 // Ap = A[0..k, 0..m)^T as ceil(m / 8) strips of [kp, 8, 2], zero-padded,
-// strip_stride(kp) apart:
-// each row of A (contiguous) is read once, 32 columns (four strips) at a time.
+// strip_stride(kp) apart: each row of A (contiguous) is read once, 32
+// columns (four strips) at a time.
 void pack_a(int64_t k, int64_t m, const uint16_t* a, int64_t lda, uint16_t* ap) {
   const int64_t kp = (k + 1) / 2, strips = (m + kMR - 1) / kMR;
   for (int64_t p = 0; p < kp; ++p) {
@@ -202,7 +202,7 @@ void gemm_tn_rows(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t ld
 void bf16_gemm_tn__avx512bf16(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda,
                               const uint16_t* b, int64_t ldb, float* c, int64_t ldc,
                               bool accumulate, float* scratch) {
-  uint16_t* ap = reinterpret_cast<uint16_t*>(scratch);  // [kPackRows / 8 strips, kPackPairs + 1, 8, 2]
+  uint16_t* ap = reinterpret_cast<uint16_t*>(scratch);  // kPackRows / 8 strips, strip_stride apart
   uint16_t* bp = ap + 2 * kPackedAFloats;               // [kPackPairs, kPanelCols, 2] in 48-column blocks
   // Pieces of k (even lengths, so the pairs are the same) in order, C
   // stored and reloaded in f32 between them: the same bits as one pass.
