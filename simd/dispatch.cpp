@@ -20,7 +20,8 @@ void softmax_state_init(SoftmaxState* state) {
 
 const KernelSet& scalar_kernels() {
   static const KernelSet set{"scalar", 1, f32_exp__scalar, f32_scores__scalar,
-                             f32_online_softmax__scalar, f32_dlogits__scalar, nullptr, nullptr};
+                             f32_online_softmax__scalar, f32_dlogits__scalar, nullptr, nullptr,
+                             nullptr, nullptr};
   return set;
 }
 
@@ -53,7 +54,8 @@ bool cpu_has_avx512_bf16() {
 const KernelSet* avx2_kernels() {
 #if defined(FLCE_SIMD_HAVE_AVX2)
   static const KernelSet set{"avx2", 8, f32_exp__avx2, f32_scores__avx2,
-                             f32_online_softmax__avx2, f32_dlogits__avx2, nullptr, nullptr};
+                             f32_online_softmax__avx2, f32_dlogits__avx2, nullptr, nullptr,
+                             nullptr, nullptr};
   static const bool ok = cpu_has_avx2_fma();
   return ok ? &set : nullptr;
 #else
@@ -66,7 +68,8 @@ const KernelSet* avx512_kernels() {
   static const KernelSet set{"avx512", 16, f32_exp__avx512, f32_scores__avx512,
                              f32_online_softmax__avx512, f32_dlogits__avx512,
                              f32_gemm_tn__avx512,
-                             cpu_has_avx512_bf16() ? bf16_gemm_tn__avx512bf16 : nullptr};
+                             cpu_has_avx512_bf16() ? bf16_gemm_tn__avx512bf16 : nullptr,
+                             f32_pack_scores__avx512, f32_unpack_scores__avx512};
   static const bool ok = cpu_has_avx512_fbwvldq();
   return ok ? &set : nullptr;
 #else
@@ -77,7 +80,8 @@ const KernelSet* avx512_kernels() {
 const KernelSet* neon_kernels() {
 #if defined(FLCE_SIMD_HAVE_NEON)
   static const KernelSet set{"neon", 4, f32_exp__neon, f32_scores__neon,
-                             f32_online_softmax__neon, f32_dlogits__neon, nullptr, nullptr};
+                             f32_online_softmax__neon, f32_dlogits__neon, nullptr, nullptr,
+                             nullptr, nullptr};
   return &set;  // Advanced SIMD is part of the AArch64 base ISA
 #else
   return nullptr;

@@ -8,7 +8,8 @@
 //   dlogits         g_j = d objective / d u_j from s_j and the row's lse
 // plus exp, used by both and tested on its own, and (where an ISA has one)
 // gemm_tn (and gemm_tn_bf16), the grad_W product G^T X of a tile, whose k
-// is short. The
+// is short, and pack_scores / unpack_scores, the 16-bit store of the scores
+// between a training step's two passes. The
 // README's "Semantics" defines every quantity; names follow XNNPACK's habit:
 // f32_<job>__<isa>, one file per ISA under simd/<isa>/.
 //
@@ -96,6 +97,14 @@ struct KernelSet {
   void (*gemm_tn_bf16)(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda,
                        const uint16_t* b, int64_t ldb, float* c, int64_t ldc, bool accumulate,
                        float* scratch);
+  // The 16-bit store of a bf16 training step's scores (cpu::Plan::
+  // packed_scores): d[i] = the f16 bits of ref - s[i] (nearest even; a
+  // finite difference clamped to +-65504, an infinite or NaN one kept), and
+  // back, s[i] = ref - d[i]. With ref a finite max over s (or 0, when no
+  // finite max exists) that is s within u_f16 (ref - s[i]) plus the f32
+  // roundings. Null where the set has none: the scores stay f32 then.
+  void (*pack_scores)(const float* s, int64_t n, float ref, uint16_t* d);
+  void (*unpack_scores)(const uint16_t* d, int64_t n, float ref, float* s);
 };
 
 // The sets compiled into this binary, best first, and the one chosen once

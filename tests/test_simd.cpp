@@ -210,6 +210,60 @@ TEST_P(SimdKernels, GemmTnBf16Sweep) {
   EXPECT_EQ(sweep_gemm_tn<Bf16Elements>(ks->gemm_tn_bf16), 0);
 }
 
+// pack_scores / unpack_scores (isa_kernels.h): every code is the f16 of the
+// f32 difference ref - s, clamped to +-65504 where finite, rounded as
+// flce::f32_to_f16 rounds (nearest even), and unpacking gives ref minus it
+// in f32. Lengths 1 .. 70 and 513 at every offset within a 64-byte line, over
+// scores around ref (normal and subnormal f16 differences, ties, overflow)
+// and the non-finite ones; ref 0 with +inf (a row whose max is infinite).
+TEST_P(SimdKernels, PackScoresSweep) {
+  SIMD_REQUIRE_SET(ks);
+  if (!ks->pack_scores) GTEST_SKIP() << GetParam() << " has no pack_scores: the cpu backend keeps f32 scores";
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> below(-80.0f, 0.0f);
+  const float kInf = std::numeric_limits<float>::infinity();
+  const float special[] = {0.0f, -0x1p-20f, -0x1p-14f, -0x1.002p-3f, -65504.0f, -65519.0f, -65520.0f,
+                           -1e30f, -kInf, kInf, std::numeric_limits<float>::quiet_NaN()};
+  const size_t kSpecial = sizeof(special) / sizeof(float);
+  int failures = 0;
+  std::vector<int64_t> lengths;
+  for (int64_t n = 1; n <= 70; ++n) lengths.push_back(n);
+  lengths.push_back(513);
+  for (float ref : {3.5f, 0.0f, -1000.25f})
+    for (int64_t n : lengths)
+      for (int64_t offset = 0; offset < 16; offset += (n > 70 ? 5 : 1)) {
+        std::vector<float> s(size_t(n + offset)), back(size_t(n + offset) + 1, 7.0f);
+        std::vector<uint16_t> d(size_t(n + offset) + 1, 0xABCD);
+        for (int64_t i = 0; i < n; ++i) {
+          const size_t k = size_t(i) % (kSpecial + 5);
+          s[size_t(offset + i)] = k < kSpecial ? ref + special[k] : ref + below(rng);
+          if (ref == 0.0f && k == 9) s[size_t(offset + i)] = 12.0f;  // a finite score beside +inf
+        }
+        ks->pack_scores(s.data() + offset, n, ref, d.data() + offset);
+        ks->unpack_scores(d.data() + offset, n, ref, back.data() + offset);
+        for (int64_t i = 0; i < n; ++i) {
+          const float x = ref - s[size_t(offset + i)];
+          const float clamped = std::isfinite(x) ? std::clamp(x, -65504.0f, 65504.0f) : x;
+          const uint16_t want = flce::f32_to_f16(clamped);
+          const uint16_t got = d[size_t(offset + i)];
+          const float want_back = ref - flce::f16_to_f32(want);
+          const float got_back = back[size_t(offset + i)];
+          const bool same_back = std::isnan(want_back) ? std::isnan(got_back) : got_back == want_back;
+          const bool both_nan = std::isnan(x) && (got & 0x7C00) == 0x7C00 && (got & 0x3FF) != 0;
+          if ((got != want && !both_nan) || !same_back) {
+            if (++failures <= 5)
+              ADD_FAILURE() << "ref " << ref << " s " << s[size_t(offset + i)] << " (n " << n << ", i " << i
+                            << "): code " << got << " want " << want << ", back " << got_back << " want "
+                            << want_back;
+          }
+        }
+        if (d[size_t(n + offset)] != 0xABCD || back[size_t(n + offset)] != 7.0f) {
+          if (++failures <= 5) ADD_FAILURE() << "wrote past the end at n " << n << ", offset " << offset;
+        }
+      }
+  EXPECT_EQ(failures, 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Simd, SimdKernels,
                          ::testing::Values("scalar", "avx2", "avx512", "neon"),
                          [](const ::testing::TestParamInfo<std::string>& info) {

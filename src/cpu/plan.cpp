@@ -123,11 +123,26 @@ void choose_grad_order(const Problem& p, Plan* plan) {
   plan->chunk_tiles = cut.chunk_tiles;
 }
 
-// Plan::scores_ld for rows of `cols` floats: whole 64-byte lines, an odd
-// number of them.
-int64_t padded_row(int64_t cols) {
-  const int64_t lines = (cols + 15) / 16;
-  return 16 * (lines % 2 == 1 ? lines : lines + 1);
+// A row of `cols` elements, `per_line` of them to a 64-byte line, padded to
+// an odd number of whole lines (Plan::scores_ld).
+int64_t padded_row(int64_t cols, int64_t per_line) {
+  const int64_t lines = (cols + per_line - 1) / per_line;
+  return per_line * (lines % 2 == 1 ? lines : lines + 1);
+}
+
+// FLCE_CPU_PACK_SCORES: "0" (f32 scores), "1", or unset: packed wherever
+// Plan::packed_scores applies.
+const char* pack_scores_env() { return std::getenv("FLCE_CPU_PACK_SCORES"); }
+
+// Whether a pass may keep its scores packed (Plan::packed_scores), before
+// the order is chosen: a gradient pass of the head whose G goes to the
+// GEMMs in bf16 anyway, with nothing that reads the f32 scores or G
+// elsewhere (grad_logits), and a kernel set that packs.
+bool packable(const Problem& p, const Plan& plan) {
+  const char* env = pack_scores_env();
+  return plan.pass != Pass::forward && !plan.d.logits_entry && plan.grad_gemm == Dtype::bf16 &&
+         !p.grad_logits.present() && plan.kernels->pack_scores != nullptr &&
+         !(env != nullptr && std::string(env) == "0");
 }
 
 // FLCE_CPU_GRAD_X_SPLIT: "vocab", "hidden", or unset: the plan's choice.
@@ -148,6 +163,10 @@ std::string check_tuning_env() {
   const char* env = std::getenv("FLCE_CPU_SCORE_MIB");
   if (env != nullptr && score_mib_from_env() == 0)
     return "FLCE_CPU_SCORE_MIB = '" + std::string(env) + "': must be a whole number of MiB in [1, 4096]";
+  const char* pack = pack_scores_env();
+  if (pack != nullptr && std::string(pack) != "0" && std::string(pack) != "1")
+    return "FLCE_CPU_PACK_SCORES = '" + std::string(pack) +
+           "': must be 0 (f32 scores) or 1 (16-bit where it applies; unset: the same)";
   const char* split = forced_grad_x_split();
   if (split != nullptr && std::string(split) != "vocab" && std::string(split) != "hidden")
     return "FLCE_CPU_GRAD_X_SPLIT = '" + std::string(split) +
@@ -195,9 +214,11 @@ Plan make_plan(const Problem& p, Pass pass, const RunConfig& config) {
                         (p.argmax.present() ? simd::kSoftmaxArgmax : 0u);
 
   const int64_t V = plan.d.v;
-  const int64_t fit = score_budget_bytes() / (V * 4);
+  const bool pack = packable(p, plan);
+  const int64_t fit = score_budget_bytes() / (V * (pack ? 2 : 4));
   plan.tile_scores = pass == Pass::forward;
-  int64_t rows = plan.tile_scores ? kMaxRowBlock : std::clamp<int64_t>(fit, 1, kMaxRowBlock);
+  int64_t rows = plan.tile_scores ? kMaxRowBlock
+                                  : std::clamp<int64_t>(fit, 1, pack ? kMaxPackedRowBlock : kMaxRowBlock);
   if (rows >= 16) rows -= rows % 16;  // whole GEMM register blocks
   plan.row_block = plan.tile_scores ? rows : std::min(rows, plan.d.n);
   plan.tiles = (V + kVocabTile - 1) / kVocabTile;
@@ -207,17 +228,20 @@ Plan make_plan(const Problem& p, Pass pass, const RunConfig& config) {
   plan.h_chunks = (H + plan.h_chunk - 1) / plan.h_chunk;
   plan.row_groups = std::max<int64_t>(1, kGradXTasks / plan.h_chunks);
   choose_grad_order(p, &plan);
-  plan.scores_ld = padded_row(plan.vocab_outer ? plan.chunk_tiles * kVocabTile : V);
+  plan.packed_scores = pack && !plan.vocab_outer;
+  // In floats; a packed row's 2 scores_ld codes fill the same odd number of lines.
+  plan.scores_ld = plan.packed_scores ? padded_row(V, 32) / 2
+                                      : padded_row(plan.vocab_outer ? plan.chunk_tiles * kVocabTile : V, 16);
   plan.grad_x_vocab_split = grad_x_vocab_split(p, plan);
-  plan.compact_bf16_g = plan.grad_gemm == Dtype::bf16 && pass != Pass::forward &&
-                        p.grad_x.present() && !plan.d.logits_entry && !plan.grad_x_vocab_split;
+  plan.compact_bf16_g = plan.grad_gemm == Dtype::bf16 && pass != Pass::forward && p.grad_x.present() &&
+                        !plan.d.logits_entry && !plan.grad_x_vocab_split && !plan.packed_scores;
   return plan;
 }
 
 namespace {
 
 // Sizes in bytes of each workspace piece, in carve order.
-constexpr int kPieces = 19;
+constexpr int kPieces = 21;
 struct Sizes {
   size_t bytes[kPieces] = {};
 };
@@ -250,10 +274,12 @@ Sizes sizes_of(const Plan& plan, const Problem& p) {
   s.bytes[12] = plan.filter ? size_t(plan.tiles) : 0;
   s.bytes[13] = plan.filter_uniform && p.grad_x.present() ? size_t(H) * sizeof(double) : 0;
   s.bytes[14] = plan.filter_uniform ? size_t(H + 1) * sizeof(double) : 0;
-  s.bytes[15] = pieces ? size_t(kMaxRowBlock) * 4 : 0;
+  s.bytes[15] = pieces ? size_t(kMaxRowBlock) * 4 : plan.packed_scores ? size_t(R) * 4 : 0;
   s.bytes[16] = grads && p.grad_w.present() ? size_t(plan.tiles) : 0;
   s.bytes[17] = plan.grad_w_gemm_tn ? size_t(plan.threads) * size_t(simd::kGemmTnScratchFloats) * 4 : 0;
   s.bytes[18] = plan.grad_x_vocab_split ? size_t(kGradXTasks * R * H) * 4 : 0;
+  s.bytes[19] = plan.packed_scores ? size_t(plan.threads) * size_t(R * kVocabTile) * 4 : 0;
+  s.bytes[20] = plan.packed_scores ? size_t(R * plan.tiles) * 4 : 0;
   return s;
 }
 
@@ -296,6 +322,8 @@ Workspace carve_workspace(const Plan& plan, const Problem& p, void* base) {
   w.w_written = static_cast<uint8_t*>(piece[16]);
   w.gemm_tn_scratch = static_cast<float*>(piece[17]);
   w.grad_x_parts = static_cast<float*>(piece[18]);
+  w.packed_tiles = static_cast<float*>(piece[19]);
+  w.score_refs = static_cast<float*>(piece[20]);
   return w;
 }
 

@@ -23,6 +23,10 @@ namespace flce::cpu {
 // for tuning (bench/tune_row_block.sh).
 constexpr int64_t kScoreBudgetBytes = int64_t(48) << 20;
 constexpr int64_t kMaxRowBlock = 256;
+// With Plan::packed_scores a score takes 2 bytes, so the same budget holds
+// twice the rows, up to this many (each thread's f32 tile is then
+// [512, kVocabTile], 1 MiB).
+constexpr int64_t kMaxPackedRowBlock = 512;
 constexpr int64_t kVocabTile = 512;    // columns per tile: a GEMM's n, a kernel call's length
 // grad_x = G W splits into kGradXTasks pieces of [R, H]: hidden chunks of at
 // least kMinHiddenChunk columns, then row groups. Each task streams the whole
@@ -108,6 +112,19 @@ struct Plan {
   // 0.44-0.45 s, three alternations; at S1 the moved rows stay ahead, 1.55
   // against 1.59-1.63 s).
   bool compact_bf16_g = false;
+  // A bf16 training step whose G goes to the GEMMs in bf16 (grad_logits_dtype
+  // = storage), rows outer: the [R, V] block holds each score as the f16
+  // bits of ref - s, ref being the row's running max after the score's tile
+  // (Workspace::score_refs), instead of an f32 score, so R doubles within
+  // the budget and grad_W's accumulator and W are streamed half as often
+  // (S2 bf16 step: R = 96 -> 192). The gradient pass reads s back within
+  // u_f16 (ref - s) <= u_f16 (max_j s_j - s) (README, tolerance policy: u_q),
+  // a relative error of p = exp(s - lse) an eighth of bf16's u or less
+  // where p >= e^-8 max_j p_j; its G is
+  // written as bf16 over the codes, columns 0 .. V of each row contiguous
+  // (like compact_bf16_g, with no move). Off where the kernel set has no
+  // pack_scores, or with FLCE_CPU_PACK_SCORES=0 (for side-by-side timing).
+  bool packed_scores = false;
   int threads = 1;
   Dtype storage = Dtype::f32;      // dtype of x, W (or logits)
   Dtype logits_gemm = Dtype::f32;  // f32 or bf16: X and W in U = X W^T
@@ -131,6 +148,13 @@ struct Plan {
   bool filter_uniform = false;
   const GemmEngine* gemm = nullptr;
   const simd::KernelSet* kernels = nullptr;
+
+  // bf16 G lies row by row, columns 0 .. V contiguous (ScoreBlock::bf16_rows),
+  // rather than tile by tile (ScoreBlock::bf16_tile).
+  bool g16_by_rows() const { return compact_bf16_g || packed_scores; }
+  // s_{i y_i} is kept aside in Workspace::label_score: the scores themselves
+  // are gone (tile_scores) or packed by the time merge_rows reads it.
+  bool label_scores_aside() const { return tile_scores || packed_scores; }
 };
 
 // "" or an error naming a malformed FLCE_CPU_SCORE_MIB.
@@ -168,8 +192,12 @@ struct Workspace {
   // grad_x takes one GEMM over many tiles. Vocab outer: [R, chunk] the same way, and
   // before that the forward pieces' tiles. With Plan::tile_scores:
   // [threads, kMaxRowBlock, kVocabTile], one tile per thread.
+  // With Plan::packed_scores: [R, 2 scores_ld] uint16 codes (the f16 bits
+  // of ref - s), then bf16 G over them.
   float* scores = nullptr;
-  float* label_score = nullptr;       // [kMaxRowBlock]: s_{i y_i}, with Plan::tile_scores
+  float* label_score = nullptr;       // [max(R, kMaxRowBlock)]: s_{i y_i} (Plan::label_scores_aside)
+  float* packed_tiles = nullptr;      // [threads, R, kVocabTile]: a tile's f32 scores (Plan::packed_scores)
+  float* score_refs = nullptr;        // [R, tiles]: ref of each (row, tile)'s codes (Plan::packed_scores)
   void* x_block = nullptr;            // [R, H] in logits_gemm dtype (vocab outer: R up to whole pieces)
   void* x_block_grad = nullptr;       // [R, H] in grad_gemm dtype, when it differs
   void* w_scratch = nullptr;          // [threads, T, H] converted W pieces
@@ -204,6 +232,11 @@ struct ScoreBlock {
   // The compacted bf16 G (Workspace::scores) from column j: row stride 2 ld.
   const uint16_t* bf16_rows(int64_t r, int64_t j) const {
     return reinterpret_cast<const uint16_t*>(base + r * ld) + (j - j_begin);
+  }
+  // The packed scores' codes (Plan::packed_scores) from column j, and the
+  // bf16 G that replaces them: the same places as bf16_rows.
+  uint16_t* codes(int64_t r, int64_t j) const {
+    return reinterpret_cast<uint16_t*>(base + r * ld) + (j - j_begin);
   }
 };
 

@@ -66,11 +66,13 @@ void scores_and_states(const Context& c, int64_t i0, int64_t rows) {
 #pragma omp parallel for num_threads(plan.threads) schedule(static)
   for (int64_t t = 0; t < plan.tiles; ++t) {
     const int64_t j0 = t * kVocabTile, n = tile_width(plan, t);
-    // This tile's scores: in the [R, V] block, or the thread's own tile.
-    float* const tile = plan.tile_scores
-        ? c.ws.scores + int64_t(omp_get_thread_num()) * plan.row_block * kVocabTile
-        : c.ws.scores + j0;
-    const int64_t ld = plan.tile_scores ? kVocabTile : plan.scores_ld;
+    // This tile's scores: in the [R, V] block, or the thread's own tile
+    // (a forward's, or one whose rows are then packed into the block).
+    const int64_t thread_tile = int64_t(omp_get_thread_num()) * plan.row_block * kVocabTile;
+    float* const tile = plan.tile_scores     ? c.ws.scores + thread_tile
+                        : plan.packed_scores ? c.ws.packed_tiles + thread_tile
+                                             : c.ws.scores + j0;
+    const int64_t ld = plan.tile_scores || plan.packed_scores ? kVocabTile : plan.scores_ld;
     if (plan.d.logits_entry) {
       for (int64_t r = 0; r < rows; ++r) {
         Tensor row = c.p.logits;  // row i0 + r, columns j0 .. j0+n, as a 1 x n region
@@ -89,9 +91,14 @@ void scores_and_states(const Context& c, int64_t i0, int64_t rows) {
       simd::SoftmaxState* st = c.ws.states + r * plan.tiles + t;
       simd::softmax_state_init(st);
       plan.kernels->online_softmax(s, class_w, n, j0, plan.softmax_extras, st);
-      if (plan.tile_scores) {  // the tile is gone after this: keep the label's score
+      if (plan.label_scores_aside()) {  // the f32 tile is gone after this
         const int64_t y = load_int(c.p.labels, i0 + r);
         if (y >= j0 && y < j0 + n) c.ws.label_score[r] = s[y - j0];
+      }
+      if (plan.packed_scores) {  // ref: the running max (>= every s here), if finite
+        const float ref = std::isfinite(st->max) ? st->max : 0.0f;
+        c.ws.score_refs[r * plan.tiles + t] = ref;
+        plan.kernels->pack_scores(s, n, ref, ScoreBlock{c.ws.scores, plan.scores_ld, 0}.codes(r, j0));
       }
     }
   }
@@ -189,7 +196,7 @@ void merge_rows(const Context& c, int64_t i0, int64_t rows) {
     if (plan.softmax_extras & simd::kSoftmaxMoments)
       info.sbar = m.max == INFINITY ? NAN : weighted_mean_score(st, plan.tiles, info.lse);
     if (!info.ignored)
-      info.s_y = plan.tile_scores ? c.ws.label_score[r] : c.ws.scores[r * plan.scores_ld + info.y];
+      info.s_y = plan.label_scores_aside() ? c.ws.label_score[r] : c.ws.scores[r * plan.scores_ld + info.y];
     if (plan.pass != Pass::forward) set_grad_terms(c, i, &info);
     if (plan.pass == Pass::backward) continue;
     const double t_i = p.token_weights.present() ? load(p.token_weights, i) : 1.0;
@@ -221,8 +228,8 @@ void rows_from_inputs(const Context& c, int64_t i0, int64_t rows) {
 
 namespace {
 
-// G for row r over the tile's columns, in place over the scores.
-void row_tile_grad(const Context& c, const ScoreBlock& blk, int64_t r, int64_t j0, int64_t n) {
+// G for row r over the tile's columns j0 .. j0+n, in place over its scores s.
+void row_tile_grad(const Context& c, float* s, int64_t r, int64_t j0, int64_t n) {
   const Plan& plan = c.plan;
   const Options& o = c.p.options;
   const RowInfo& info = c.ws.rows[r];
@@ -236,9 +243,10 @@ void row_tile_grad(const Context& c, const ScoreBlock& blk, int64_t r, int64_t j
   q.sbar = float(info.sbar);
   q.scale = float(o.logit_scale);
   q.softcap = float(o.softcap);
-  float* s = blk.at(r, j0);
   const bool label_here = !info.ignored && info.y >= j0 && info.y < j0 + n;
-  const double s_y = label_here ? s[info.y - j0] : 0.0;  // before G overwrites it
+  // Before G overwrites it; packed scores were read back inexactly, but the
+  // label's own was kept aside exactly.
+  const double s_y = !label_here ? 0.0 : plan.packed_scores ? info.s_y : s[info.y - j0];
   plan.kernels->dlogits(s, c.ws.class_w ? c.ws.class_w + j0 : nullptr, n, &q, s);
   if (label_here && info.g_loss != 0) {
     // The label term -(1-e) c_y g_loss at j = y, through ds/dz and dz/du.
@@ -283,7 +291,11 @@ void grad_w_gemm(const Context& c, const ScoreBlock& blk, int64_t rows, int64_t 
   GemmArgs g{};
   g.ab_dtype = plan.grad_gemm;
   const bool bf16 = plan.grad_gemm == Dtype::bf16;
-  const void* G = bf16 ? static_cast<const void*>(blk.bf16_tile(0, j0)) : blk.at(0, j0);
+  // bf16 G: by rows where packed, else still tile by tile (compaction, if
+  // any, comes after every grad_W GEMM).
+  const void* G = !bf16                ? static_cast<const void*>(blk.at(0, j0))
+                  : plan.packed_scores ? static_cast<const void*>(blk.bf16_rows(0, j0))
+                                       : static_cast<const void*>(blk.bf16_tile(0, j0));
   const int64_t ldg = bf16 ? 2 * blk.ld : blk.ld;
   const bool hv_direct = plan.grad_w_in_place && c.p.w_layout == WeightLayout::hv;
   if (hv_direct) {  // grad_W^T [H, n] += X_block^T [H, rows] G_t [rows, n]
@@ -330,24 +342,29 @@ void grad_w_gemm(const Context& c, const ScoreBlock& blk, int64_t rows, int64_t 
 
 // Tile t of the block's scores becomes G in place (grad_logits written,
 // the filter's verdict in ws.kept); its share of grad_bias and grad_W added.
+// Packed scores (Plan::packed_scores) are read back a row at a time into
+// f32, and the row's G goes back over its codes in bf16.
 void tile_grads(const Context& c, const ScoreBlock& blk, int64_t i0, int64_t rows, int64_t t) {
   const Plan& plan = c.plan;
   const Problem& p = c.p;
   const int64_t j0 = t * kVocabTile, n = tile_width(plan, t);
+  alignas(64) float unpacked[kVocabTile];
   bool keep = !plan.filter;  // the filter keeps the tile if any row needs it
   for (int64_t r = 0; r < rows; ++r) {
-    row_tile_grad(c, blk, r, j0, n);
-    const float* g = blk.at(r, j0);
+    float* g = plan.packed_scores ? unpacked : blk.at(r, j0);
+    if (plan.packed_scores)
+      plan.kernels->unpack_scores(blk.codes(r, j0), n, c.ws.score_refs[r * plan.tiles + t], g);
+    row_tile_grad(c, g, r, j0, n);
     if (plan.filter) keep = keep || any_above(g, n, float(c.ws.rows[r].filter_tau));
     if (p.grad_logits.present())
       for (int64_t j = 0; j < n; ++j) store(p.grad_logits, i0 + r, j0 + j, g[j]);
+    if (c.ws.grad_b_acc)  // rows in order, as every other sum
+      for (int64_t j = 0; j < n; ++j) c.ws.grad_b_acc[j0 + j] += g[j];
+    if (plan.packed_scores) f32_to_bf16_bits(g, n, blk.codes(r, j0));
   }
   if (plan.filter) c.ws.kept[t] = keep;
-  if (c.ws.grad_b_acc)
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t j = 0; j < n; ++j) c.ws.grad_b_acc[j0 + j] += blk.at(r, j0)[j];
   const bool gemms = !plan.d.logits_entry && keep;
-  if (gemms && plan.grad_gemm == Dtype::bf16)  // G to bf16 in place (Workspace::scores)
+  if (gemms && plan.grad_gemm == Dtype::bf16 && !plan.packed_scores)  // G to bf16 in place (Workspace::scores)
     for (int64_t r = 0; r < rows; ++r) f32_to_bf16_in_place(blk.at(r, j0), n);
   if (p.grad_w.present() && gemms) grad_w_gemm(c, blk, rows, j0, n);
 }
@@ -400,7 +417,7 @@ void grad_hidden_task(const Context& c, const ScoreBlock& blk, int64_t r0, int64
   const int64_t H = plan.d.h, V = plan.d.v;
   const bool bf16 = plan.grad_gemm == Dtype::bf16;
   const bool w_in_place = c.p.w.dtype == plan.grad_gemm && c.p.w.stride[1] == 1;
-  const bool tile_by_tile = !w_in_place || (bf16 && !plan.compact_bf16_g);  // Plan::compact_bf16_g
+  const bool tile_by_tile = !w_in_place || (bf16 && !plan.g16_by_rows());  // Plan::compact_bf16_g
   auto kept = [&](int64_t t) { return !plan.filter || c.ws.kept[t]; };
   bool first = !accumulate;
   for (int64_t t0 = t_begin; t0 < t_end;) {
@@ -417,7 +434,7 @@ void grad_hidden_task(const Context& c, const ScoreBlock& blk, int64_t r0, int64
     g.m = m, g.n = width, g.k = n;
     g.ab_dtype = plan.grad_gemm;
     if (bf16) {
-      g.a = plan.compact_bf16_g ? blk.bf16_rows(r0, j0) : blk.bf16_tile(r0, j0);
+      g.a = plan.g16_by_rows() ? blk.bf16_rows(r0, j0) : blk.bf16_tile(r0, j0);
       g.lda = 2 * blk.ld;
     } else {
       g.a = blk.at(r0, j0), g.lda = blk.ld;

@@ -188,6 +188,27 @@ void loss_bounds(const DenseProblem& d, const BruteForce& x, const Precision& pr
   }
 }
 
+// Section 6's q_ij: the error of the score that the gradient pass reads back
+// from a 16-bit store (Precision::u_packed), 0 where it reads the score
+// itself. Non-finite scores and rows whose max is infinite read back
+// exactly enough: p_ij is 0 or NaN either way.
+std::vector<double> packed_score_errors(const DenseProblem& d, const BruteForce& x, double uq,
+                                        double ua) {
+  std::vector<double> q(d.n * d.v, 0.0);
+  if (uq == 0) return q;
+  for (int64_t i = 0; i < d.n; ++i) {
+    double m = -INFINITY;
+    for (int64_t j = 0; j < d.v; ++j)
+      if (!std::isnan(x.s[i * d.v + j])) m = std::max(m, x.s[i * d.v + j]);
+    for (int64_t j = 0; j < d.v; ++j) {
+      const double s = x.s[i * d.v + j];
+      if (std::isfinite(s) && std::isfinite(m))
+        q[i * d.v + j] = (uq + 2 * ua) * (m - s) + ua * std::fabs(s) + tiny(uq);
+    }
+  }
+  return q;
+}
+
 // Section 6: dG_ij, the error of dlogits before any output rounding.
 void dlogits_bounds(const DenseProblem& d, const BruteForce& x, const Precision& pr,
                     const RowTerms& t, Bounds* b) {
@@ -201,6 +222,7 @@ void dlogits_bounds(const DenseProblem& d, const BruteForce& x, const Precision&
   double class_sum = 0.0;
   for (int64_t j = 0; j < d.v; ++j) class_sum += d.class_weight(j);
   b->dlogits.assign(d.n * d.v, 0.0);
+  const std::vector<double> dq = packed_score_errors(d, x, pr.u_packed, ua);
   for (int64_t i = 0; i < d.n; ++i) {
     const double q = x.loss_coef[i] * d.token_weight(i);
     const double g_lse = d.grad_lse.empty() ? 0.0 : d.grad_lse[i];
@@ -219,21 +241,23 @@ void dlogits_bounds(const DenseProblem& d, const BruteForce& x, const Precision&
     for (int64_t j = 0; j < d.v; ++j) {
       const int64_t ij = i * d.v + j;
       const double p = x.p[ij], s = x.s[ij];
+      // The score and p as the gradient pass has them: ds + q, relP + q.
+      const double ds = b->logits[ij] + dq[ij], relp = t.relp[ij] + dq[ij];
       const double T1 = std::fabs(q * A) * p;
       const double T2 = j == y ? std::fabs(q) * (1 - e) * cy : 0.0;
       const double T3 = std::fabs(q) * e / double(d.v) * d.class_weight(j);
       const double T4 = std::fabs(g_lse) * p;
       const double T5 = std::fabs(g_ent) * pw(p, std::fabs(s - mu));
-      double dgs = g9 * (T1 + T2 + T3 + T4 + T5) + pw(T1, t.relp[ij] + rho_r) +
-                   pw(std::fabs(q) * p, dA) + (T2 + T3) * rho_r + pw(T4 + T5, t.relp[ij]) +
-                   std::fabs(g_ent) * pw(p, b->logits[ij] + dmu);
+      double dgs = g9 * (T1 + T2 + T3 + T4 + T5) + pw(T1, relp + rho_r) +
+                   pw(std::fabs(q) * p, dA) + (T2 + T3) * rho_r + pw(T4 + T5, relp) +
+                   std::fabs(g_ent) * pw(p, ds + dmu);
       dgs += tiny_a * (std::fabs(q * A) + std::fabs(g_lse) +
                        (g_ent != 0 && std::isfinite(s) ? std::fabs(g_ent * (s - mu)) : 0.0));
       const double gs = x.grad_s[ij];
       double dgz = dgs;
       if (k > 0) {
         const double L = 1.0 - (s / k) * (s / k);
-        const double dL = 2.0 * std::fabs(s) * b->logits[ij] / (k * k) + 4.0 * ua;
+        const double dL = 2.0 * std::fabs(s) * ds / (k * k) + 4.0 * ua;
         dgz = L * dgs + std::fabs(gs) * dL;
       }
       b->dlogits[ij] = a * dgz + 2.0 * ua * std::fabs(x.dlogits[ij]);

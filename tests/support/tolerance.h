@@ -10,7 +10,10 @@
 //   u_a  accumulation: the dot products, sums, exp/log/tanh;
 //   u_s  storage of the logits (u_s = u_a when they stay in the accumulator);
 //   u_o  storage of the outputs (2^-24 for f32 outputs, 2^-53 for f64);
-//   u_g  the cast of dlogits before the gradient GEMMs (0 when there is none).
+//   u_g  the cast of dlogits before the gradient GEMMs (0 when there is none);
+//   u_q  the scores a gradient pass reads back from a 16-bit store (the cpu
+//        backend's packed scores: f16 differences from a running max,
+//        2^-11), 0 when it reads the scores themselves.
 // A fifth, u_l, is the precision of an lse that backward() reads after
 // forward() stored it (0 when the lse is computed in the same call).
 //
@@ -146,6 +149,14 @@
 //   tiny(u_a) (|q_i A_i| + |g_lse_i| + |g_ent_i| |s_ij - mu_i|)  (p underflow).
 // Softcap: G^z = L G^s with L = 1 - (s/k)^2, whose error is
 //   dL_ij = 2 |s_ij| ds_ij / k^2 + 4 u_a (s/k, the square, 1 - .).
+// Packed scores (u_q > 0): the pass reads s_ij back as ref - f16(ref - s_ij)
+// with ref a computed running max, ref <= M_i = max_j s_ij (first order),
+// so it starts from s_ij + q_ij with
+//   q_ij = (u_q + 2 u_a)(M_i - s_ij) + u_a |s_ij| + tiny(u_q)
+//   (the f32 difference, its f16 rounding, or the f16 subnormal spacing, and
+//   the f32 subtraction back), and every ds_ij and relP_ij of this section
+//   (not those of mu_i, whose sums came from the scores themselves) gains
+//   q_ij. Where s_ij or M_i is not finite q_ij = 0: p_ij is 0 or NaN either way.
 // Scale: G = a L G^s;  dG_ij = a (L dG^s_ij + |G^s_ij| dL_ij) + 2 u_a |G_ij|.
 // bound(grad_logits_ij) = dG_ij + out(G_ij).
 //
@@ -217,6 +228,7 @@ struct Precision {
   double u_store = 0x1p-53;  // u_s
   double u_out = 0x1p-53;    // u_o
   double u_grad = 0.0;       // u_g
+  double u_packed = 0.0;     // u_q
   double u_saved_lse = 0.0;  // u_l
   // Gradient filtering's eps, resolved (0: off). The bounds of grad_x and
   // grad_W then also allow every entry the filter may drop (README,
