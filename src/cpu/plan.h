@@ -119,8 +119,8 @@ struct Plan {
   // the budget and grad_W's accumulator and W are streamed half as often
   // (S2 bf16 step: R = 96 -> 192). The gradient pass reads s back within
   // u_f16 (ref - s) <= u_f16 (max_j s_j - s) (README, tolerance policy: u_q),
-  // a relative error of p = exp(s - lse) an eighth of bf16's u or less
-  // where p >= e^-8 max_j p_j; its G is
+  // a relative error of p = exp(s - lse) of at most bf16's u (2^-8) where
+  // p >= e^-8 max_j p_j, the size of G's own bf16 rounding; its G is
   // written as bf16 over the codes, columns 0 .. V of each row contiguous
   // (like compact_bf16_g, with no move). Off where the kernel set has no
   // pack_scores, or with FLCE_CPU_PACK_SCORES=0 (for side-by-side timing).
