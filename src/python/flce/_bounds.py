@@ -76,12 +76,26 @@ class Problem:
 
 
 class Precision:
-    """u_a, u_s, u_g, u_l of tolerance.h, and u_o per output name."""
+    """u_a, u_s, u_g, u_l, u_q of tolerance.h, and u_o per output name."""
 
-    def __init__(self, u_accum, u_store, u_grad=0.0, u_saved_lse=0.0, u_out=None):
+    def __init__(self, u_accum, u_store, u_grad=0.0, u_saved_lse=0.0, u_out=None, u_packed=0.0):
         self.u_accum, self.u_store = u_accum, u_store
         self.u_grad, self.u_saved_lse = u_grad, u_saved_lse
+        self.u_packed = u_packed
         self.u_out = dict(u_out or {})
+
+
+def _packed_score_errors(s, uq, ua):
+    """Section 6's q_ij (tolerance.h): the error of a score read back from a
+    16-bit store of its difference from a running max; 0 without one, and
+    where s_ij or the row's max is not finite."""
+    if uq == 0:
+        return np.zeros_like(s)
+    m = np.where(np.isnan(s), -np.inf, s).max(axis=1)[:, None]
+    ok = np.isfinite(s) & np.isfinite(m)
+    with np.errstate(invalid="ignore"):
+        q = (uq + 2 * ua) * (m - s) + ua * np.abs(s) + tiny(uq)
+    return np.where(ok, q, 0.0)
 
 
 def _exact_rows(d, rows):
@@ -199,6 +213,9 @@ def block_bounds(d, pr, rows, want_grads):
     A = (1 - e) * cy + e / v * class_sum + 2 * l * lse
     dA = 2.0 * l * dlse + gv5 * ((1 - e) * cy + e / v * class_sum + 2 * l * np.abs(lse))
     dmu = pw(p, ds + np.abs(s) * (relp + gv1)).sum(axis=1)
+    # The score and p as the gradient pass has them (u_q): ds + q, relP + q.
+    dq = _packed_score_errors(s, pr.u_packed, ua)
+    ds, relp = ds + dq, relp + dq
     onehot = np.zeros_like(p, dtype=bool)
     onehot[at[~ignored], y[~ignored]] = True
     qc, Ac = q[:, None], A[:, None]

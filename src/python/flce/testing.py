@@ -95,7 +95,11 @@ _PROBLEM_DOC = """
                   = accumulate);
       grad_cast   dlogits cast before the gradient GEMMs (u_g; None = none);
       saved_lse   the lse its backward read from its forward (u_l; None when
-                  computed in the same call)."""
+                  computed in the same call);
+      packed_scores  the dtype its gradient pass read the scores back in,
+                  stored as differences from a running max (u_q; the cpu
+                  backend's bf16 steps: "float16"; None = the scores
+                  themselves)."""
 
 
 def bounds(x=None, w=None, labels=None, *, logits=None, bias=None, token_weights=None,
@@ -103,7 +107,7 @@ def bounds(x=None, w=None, labels=None, *, logits=None, bias=None, token_weights
            logit_scale=1.0, softcap=0.0, ignore_index=-100, label_smoothing=0.0, z_loss=0.0,
            reduction="mean", w_layout="vh", outputs=None, out_dtype="float32",
            accumulate="float32", storage=None, grad_cast=None, saved_lse=None,
-           chunk_elements=None):
+           packed_scores=None, chunk_elements=None):
     """(expected, bound): dicts of float64 numpy arrays, the oracle's values
     and the policy's absolute error bound of every output in `outputs`
     (default: every forward output and the gradients the problem has;
@@ -125,7 +129,7 @@ def assert_close(actual, x=None, w=None, labels=None, *, logits=None, bias=None,
                  grad_entropy=None, logit_scale=1.0, softcap=0.0, ignore_index=-100,
                  label_smoothing=0.0, z_loss=0.0, reduction="mean", w_layout="vh",
                  accumulate="float32", storage=None, grad_cast=None, saved_lse=None,
-                 chunk_elements=None, msg=None):
+                 packed_scores=None, chunk_elements=None, msg=None):
     """Checks a candidate's outputs against flce's oracle and the policy.
 
     actual: a dict (or flce.Result) of any of loss, lse, logprob, argmax,
@@ -200,7 +204,8 @@ def _evaluate(args, names, u_out, argmax):
     storage = args["storage"]
     pr = _bounds.Precision(u_a, u_a if storage is None else _unit(storage, "storage"),
                            _unit(args["grad_cast"], "grad_cast"),
-                           _unit(args["saved_lse"], "saved_lse"), u_out)
+                           _unit(args["saved_lse"], "saved_lse"), u_out,
+                           _unit(args["packed_scores"], "packed_scores"))
     got = {k: None for k in names}
     if argmax is not None:
         got["argmax"] = argmax
