@@ -36,6 +36,11 @@ bool cpu_has_avx2_fma() {
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 
+bool cpu_has_f16c() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("f16c");
+}
+
 bool cpu_has_avx512_fbwvldq() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -55,7 +60,8 @@ const KernelSet* avx2_kernels() {
 #if defined(FLCE_SIMD_HAVE_AVX2)
   static const KernelSet set{"avx2", 8, f32_exp__avx2, f32_scores__avx2,
                              f32_online_softmax__avx2, f32_dlogits__avx2, nullptr, nullptr,
-                             nullptr, nullptr};
+                             cpu_has_f16c() ? f32_pack_scores__avx2 : nullptr,
+                             cpu_has_f16c() ? f32_unpack_scores__avx2 : nullptr};
   static const bool ok = cpu_has_avx2_fma();
   return ok ? &set : nullptr;
 #else

@@ -42,8 +42,9 @@
 //  pack_scores     d = f16(clamp(ref - s)): the f32 difference rounded to f16,
 //                  nearest even; a finite difference is first clamped to
 //                  [-65504, 65504], an infinite one stays infinite, NaN stays
-//                  NaN. unpack_scores: s = ref - f32(d). AVX-512 only
-//                  (f32_pack_scores__avx512.cpp; vcvtps2ph).
+//                  NaN. unpack_scores: s = ref - f32(d). AVX-512, and AVX2
+//                  where the CPU has F16C (f32_pack_scores__<isa>.cpp;
+//                  vcvtps2ph).
 #pragma once
 
 #include <cstdint>
@@ -74,6 +75,8 @@ void f32_gemm_tn__avx512(int64_t m, int64_t n, int64_t k, const float* a, int64_
 void bf16_gemm_tn__avx512bf16(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda,
                               const uint16_t* b, int64_t ldb, float* c, int64_t ldc,
                               bool accumulate, float* scratch);
+void f32_pack_scores__avx2(const float* s, int64_t n, float ref, uint16_t* d);
+void f32_unpack_scores__avx2(const uint16_t* d, int64_t n, float ref, float* s);
 void f32_pack_scores__avx512(const float* s, int64_t n, float ref, uint16_t* d);
 void f32_unpack_scores__avx512(const uint16_t* d, int64_t n, float ref, float* s);
 
