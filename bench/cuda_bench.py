@@ -4,7 +4,7 @@ three LM-head shapes, each timed in the same run against the three cuBLAS
 GEMMs a step cannot avoid (one for a forward pass) and against PyTorch eager.
 
   PYTHONPATH=build-gpu/python python3 bench/cuda_bench.py [--json FILE]
-      [--shapes gemma2,llama3,h1024] [--tiles 2048x2048,...] [--reps 10]
+      [--shapes gemma2,llama3,h1024] [--variants FLCE_CUDA_STASH=0,...] [--reps 10]
 
 Shapes (N x H x V): gemma2 8192 x 2304 x 256000 with softcap 30, llama3
 8192 x 4096 x 128256, h1024 16384 x 1024 x 128256. Every time is the median
@@ -17,7 +17,10 @@ another (the first flce call after the GEMMs measured 5-10% slower).
             (cuBLAS), G a random bf16 [N, V] array; gemm1 is the first alone.
   flce      flce.loss_and_grad / flce.forward on the torch CUDA tensors,
             backend cuda, grad_logits_dtype 'storage' (bf16 dlogits, as every
-            GPU kernel compared here), bf16 gradients.
+            GPU kernel compared here), bf16 gradients; once per --variants
+            entry (environment settings joined by '+', e.g.
+            FLCE_CUDA_TILE=2048x2048+FLCE_CUDA_STASH=0; the first entry,
+            default: none, is the table's).
   eager     F.cross_entropy((x @ W.T).float(), y) (softcap applied as
             k tanh(z / k) for gemma2), loss.backward().
 Memory: the peak of torch.cuda.max_memory_allocated during the call minus
@@ -71,17 +74,28 @@ def time_all_ms(calls, reps):
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def with_tile(tile, fn):
-    """fn run with FLCE_CUDA_TILE = tile ('' for the default tile)."""
+def parse_variant(text):
+    """{env name: value} of a --variants entry ('' for none)."""
+    env = {}
+    for item in filter(None, text.split("+")):
+        name, eq, value = item.partition("=")
+        if not eq or not name.startswith("FLCE_CUDA_"):
+            raise SystemExit(f"--variants: {item!r} is not FLCE_CUDA_<NAME>=<value>")
+        env[name] = value
+    return env
+
+
+def with_env(variant, fn):
+    """fn run with the variant's environment settings, then without them."""
+    env = parse_variant(variant)
+
     def run():
-        if tile:
-            os.environ["FLCE_CUDA_TILE"] = tile
-        else:
-            os.environ.pop("FLCE_CUDA_TILE", None)
+        os.environ.update(env)
         try:
             return fn()
         finally:
-            os.environ.pop("FLCE_CUDA_TILE", None)
+            for name in env:
+                os.environ.pop(name, None)
     return run
 
 
@@ -96,7 +110,7 @@ def peak_extra_bytes(fn):
     return peak
 
 
-def bench_shape(name, reps, tiles):
+def bench_shape(name, reps, variants):
     n, h, v, softcap = SHAPES[name]
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(n, h, device="cuda", generator=g).to(torch.bfloat16)
@@ -110,7 +124,7 @@ def bench_shape(name, reps, tiles):
     dl = torch.randn(n, v, device="cuda", generator=g, dtype=torch.float32).to(torch.bfloat16)
     gx, gw = torch.empty_like(x), torch.empty_like(w)
 
-    # flce, per score tile setting.
+    # flce, per variant.
     def step():
         return flce.loss_and_grad(x, w, y, softcap=softcap, grad_logits_dtype="storage",
                                   grad_dtype="input", backend="cuda")
@@ -133,9 +147,9 @@ def bench_shape(name, reps, tiles):
     calls = {"gemm1": lambda: torch.mm(x, w.t(), out=logits),
              "gemm_x": lambda: torch.mm(dl, w, out=gx),
              "gemm_w": lambda: torch.mm(dl.t(), x, out=gw)}
-    for tile in tiles:
-        calls["step " + tile] = with_tile(tile, step)
-        calls["fwd " + tile] = with_tile(tile, fwd)
+    for var in variants:
+        calls["step " + var] = with_env(var, step)
+        calls["fwd " + var] = with_env(var, fwd)
     calls["eager"] = eager
     ms = time_all_ms(calls, reps)
     del logits, dl, gx, gw
@@ -143,14 +157,14 @@ def bench_shape(name, reps, tiles):
     row["gemm1_ms"] = ms["gemm1"]
     row["gemm3_ms"] = ms["gemm1"] + ms["gemm_x"] + ms["gemm_w"]
     row["flce"] = []
-    for tile in tiles:
-        t = {"tile": tile or "default", "step_ms": ms["step " + tile], "fwd_ms": ms["fwd " + tile],
-             "step_peak_extra_bytes": peak_extra_bytes(with_tile(tile, step)),
-             "fwd_peak_extra_bytes": peak_extra_bytes(with_tile(tile, fwd))}
+    for var in variants:
+        t = {"variant": var or "default", "step_ms": ms["step " + var], "fwd_ms": ms["fwd " + var],
+             "step_peak_extra_bytes": peak_extra_bytes(with_env(var, step)),
+             "fwd_peak_extra_bytes": peak_extra_bytes(with_env(var, fwd))}
         t["step_ratio"] = t["step_ms"] / row["gemm3_ms"]
         t["fwd_ratio"] = t["fwd_ms"] / row["gemm1_ms"]
         row["flce"].append(t)
-        print(f"  {name} tile {t['tile']}: step {t['step_ms']:.2f} ms ({t['step_ratio']:.3f}x), "
+        print(f"  {name} {t['variant']}: step {t['step_ms']:.2f} ms ({t['step_ratio']:.3f}x), "
               f"fwd {t['fwd_ms']:.2f} ms ({t['fwd_ratio']:.3f}x), "
               f"step extra {t['step_peak_extra_bytes'] / MIB:.0f} MiB", flush=True)
     row["eager_ms"] = ms["eager"]
@@ -185,21 +199,25 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--shapes", default=",".join(SHAPES))
-    ap.add_argument("--tiles", default="", help="FLCE_CUDA_TILE values to compare, e.g. "
-                    "2048x2048,4096x4096 (empty: the default); the table shows the first")
+    ap.add_argument("--variants", default="",
+                    help="environment settings to compare, e.g. FLCE_CUDA_STASH=0,"
+                         "FLCE_CUDA_TILE=2048x2048+FLCE_CUDA_STASH=0 (an empty entry: the "
+                         "defaults); the table shows the first")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--profile", metavar="SHAPE",
                     help="also print torch.profiler's per-kernel GPU times of one flce step "
                          "and one forward at SHAPE (where the time over the GEMMs goes)")
     args = ap.parse_args()
-    tiles = [t for t in args.tiles.split(",") if t] or [""]
+    variants = args.variants.split(",")
+    for var in variants:
+        parse_variant(var)
     props = torch.cuda.get_device_properties(0)
     print(f"device: {props.name}, torch {torch.__version__}, flce {flce.version()}", flush=True)
     rows = []
     for name in args.shapes.split(","):
         if name not in SHAPES:
             raise SystemExit(f"--shapes: {name!r} is not one of {', '.join(SHAPES)}")
-        rows.append(bench_shape(name, args.reps, tiles))
+        rows.append(bench_shape(name, args.reps, variants))
     if args.profile:
         profile(args.profile)
     if args.json:
@@ -209,7 +227,7 @@ def main():
           "| eager step | eager / flce | flce step extra | grads + 512 MiB | eager extra |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        best = r["flce"][0]  # the first --tiles entry (the default tile when none are given)
+        best = r["flce"][0]  # the first --variants entry
         print(f"| {r['n']} x {r['h']} x {r['v']}{' softcap 30' if r['softcap'] else ''} "
               f"| {r['gemm3_ms']:.1f} ms | {best['step_ms']:.1f} ms | {best['step_ratio']:.2f} "
               f"| {r['gemm1_ms']:.1f} ms | {best['fwd_ms']:.1f} ms | {best['fwd_ratio']:.2f} "

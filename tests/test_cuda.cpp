@@ -15,6 +15,9 @@
 #include <string>
 
 #include "cuda/device_copy.h"
+#ifdef FLCE_HAVE_CUDA
+#include "cuda/plan.h"
+#endif
 #include "flce/flce.h"
 #include "support/agreement.h"
 #include "support/shared_cases.h"
@@ -79,9 +82,23 @@ Case logits(int64_t n, int64_t v, uint64_t seed = 1) {
   return c;
 }
 
+// The f32 policy, plus u_q where the plan may stash scores as f16
+// differences (cuda/plan.h: bf16 dlogits, the head entry, W as [V, H];
+// where a call ends up not stashing, the bound is only looser).
+Precision cuda_precision(const DenseProblem& d, const Storage& st) {
+  Precision p = float32_precision(d, st);
+  const char* env = std::getenv("FLCE_CUDA_STASH");
+  const bool may_stash = st.inputs == Dtype::bf16 && !d.logits_entry &&
+                         d.w_layout == WeightLayout::vh &&
+                         d.options.grad_logits_dtype == GradLogitsDtype::storage &&
+                         !(env != nullptr && std::string(env) == "0");
+  if (may_stash) p.u_packed = 0x1p-11;
+  return p;
+}
+
 void check(const DenseProblem& d, const Storage& st, Pass pass = Pass::loss_and_grad,
            bool in_place = false) {
-  expect_agreement(d, st, pass, cuda(), float32_precision(d, st), in_place);
+  expect_agreement(d, st, pass, cuda(), cuda_precision(d, st), in_place);
 }
 
 void check_all_passes(const Case& c) {
@@ -258,6 +275,155 @@ TEST_F(CudaGpu, BadLabelOnTheDeviceIsAnError) {
   const Outputs out = run_library(d, head(1, 1, 1).storage(), rq);
   ASSERT_FALSE(out.status.ok());
   EXPECT_NE(out.status.error.find("labels[4] = 9"), std::string::npos) << out.status.error;
+}
+
+// ---- Stashed scores (cuda/plan.h) ---------------------------------------------
+
+#ifdef FLCE_HAVE_CUDA
+// Shapes only: planning reads no tensor data.
+flce::Problem step_shapes(int64_t n, int64_t h, int64_t v, Dtype grads = Dtype::bf16) {
+  static const float none = 0;
+  flce::Problem p;
+  p.x = flce::matrix_view(&none, Dtype::bf16, n, h);
+  p.w = flce::matrix_view(&none, Dtype::bf16, v, h);
+  p.labels = flce::vector_view(&none, Dtype::i64, n);
+  p.grad_x = flce::matrix_view(&none, grads, n, h);
+  p.grad_w = flce::matrix_view(&none, grads, v, h);
+  p.options.grad_logits_dtype = GradLogitsDtype::storage;
+  return p;
+}
+
+// Runs without a GPU: which classes a step stashes, at the benchmark's
+// shapes and where it must not.
+TEST(CudaPlan, StashesWholeBlocksThatFitInGradWOnlyForBf16Dlogits) {
+  unsetenv("FLCE_CUDA_TILE");
+  unsetenv("FLCE_CUDA_BLOCK");
+  unsetenv("FLCE_CUDA_STASH");
+  const auto plan = [](const flce::Problem& p, Pass pass = Pass::loss_and_grad) {
+    return flce::cuda::make_plan(p, pass);
+  };
+  // Gemma-2 and Llama-3 heads: blocks of 8192 x 12288; five blocks' codes
+  // (5 x 192 MiB) fit in grad_W (1125 and 1002 MiB), a sixth does not.
+  const flce::cuda::Plan gemma = plan(step_shapes(8192, 2304, 256000));
+  EXPECT_EQ(gemma.block_cols, 12288);
+  EXPECT_EQ(gemma.stash_cols, 5 * 12288);
+  EXPECT_EQ(gemma.stash_tiles, 15);
+  EXPECT_EQ(plan(step_shapes(8192, 4096, 128256)).stash_cols, 5 * 12288);
+  EXPECT_EQ(plan(step_shapes(16384, 1024, 128256)).stash_cols, 4096);  // blocks of 16384 x 4096
+  // One block holding all of V (300 x 12288 ... capped at V): its codes, 2 N V
+  // bytes, need H |dtype| >= 2 N; and H |dtype| <= 2 N keeps them safe.
+  EXPECT_EQ(plan(step_shapes(300, 300, 5000)).stash_cols, 5000);
+  EXPECT_EQ(plan(step_shapes(300, 48, 5000)).stash_cols, 0);
+  EXPECT_EQ(plan(step_shapes(300, 150, 5000, Dtype::f32)).stash_cols, 5000);
+  EXPECT_EQ(plan(step_shapes(300, 301, 5000)).stash_cols, 0);  // grad_W rows outrun the codes
+
+  const flce::Problem llama = step_shapes(8192, 4096, 128256);
+  EXPECT_EQ(plan(llama, Pass::forward).stash_cols, 0);
+  EXPECT_EQ(plan(llama, Pass::backward).stash_cols, 0);  // no pass 1 without grad_entropy
+  flce::Problem with_entropy = llama;
+  static const float none = 0;
+  with_entropy.grad_entropy = flce::vector_view(&none, Dtype::f32, 8192);
+  EXPECT_EQ(plan(with_entropy, Pass::backward).stash_cols, 5 * 12288);
+  flce::Problem f32_dlogits = llama;
+  f32_dlogits.options.grad_logits_dtype = GradLogitsDtype::f32;
+  EXPECT_EQ(plan(f32_dlogits).stash_cols, 0);
+  flce::Problem f32_storage = step_shapes(8192, 4096, 128256, Dtype::f32);
+  f32_storage.x.dtype = f32_storage.w.dtype = Dtype::f32;
+  EXPECT_EQ(plan(f32_storage).stash_cols, 0);
+  flce::Problem hv = llama;
+  hv.w_layout = WeightLayout::hv;
+  hv.w = flce::matrix_view(&none, Dtype::bf16, 4096, 128256);
+  hv.grad_w = flce::matrix_view(&none, Dtype::bf16, 4096, 128256);
+  EXPECT_EQ(plan(hv).stash_cols, 0);
+  flce::Problem no_grad_w = llama;
+  no_grad_w.grad_w = flce::Tensor{};
+  EXPECT_EQ(plan(no_grad_w).stash_cols, 0);
+  flce::Problem padded = llama;  // grad_W rows not end to end
+  padded.grad_w.stride[0] = 4096 + 64;
+  EXPECT_EQ(plan(padded).stash_cols, 0);
+  // f32 grad_W written in place by each of several row blocks.
+  setenv("FLCE_CUDA_BLOCK", "4096x12288", 1);
+  EXPECT_EQ(plan(step_shapes(8192, 4096, 128256, Dtype::f32)).stash_cols, 0);
+  EXPECT_EQ(plan(llama).stash_cols, 5 * 12288);  // the bf16 one goes through the block accumulator
+  unsetenv("FLCE_CUDA_BLOCK");
+  setenv("FLCE_CUDA_STASH", "0", 1);
+  EXPECT_EQ(plan(llama).stash_cols, 0);
+  setenv("FLCE_CUDA_STASH", "on", 1);
+  EXPECT_NE(flce::cuda::check_stash_env().find("FLCE_CUDA_STASH = 'on'"), std::string::npos);
+  unsetenv("FLCE_CUDA_STASH");
+  EXPECT_EQ(flce::cuda::check_stash_env(), "");
+}
+#endif
+
+// Small problems whose first blocks are stashed (the plan test above has
+// the rule): N = 40, H = 16, V = 150 in tiles of 8 x 16 and blocks of 16 x
+// 32, so grad_W's 4800 bytes (bf16) hold block 0's codes (2560 bytes); with
+// one row block (48 x 32) an f32 grad_W holds three blocks'.
+//
+// The classes a step of these shapes stashes under the current env.
+int64_t stash_cols(Dtype grads) {
+#ifdef FLCE_HAVE_CUDA
+  return flce::cuda::make_plan(step_shapes(40, 16, 150, grads), Pass::loss_and_grad).stash_cols;
+#else
+  return (void)grads, 0;
+#endif
+}
+
+TEST_F(CudaGpu, StashedScoresAgreeWithTheOracle) {
+  const auto stashed = [](uint64_t seed) {
+    return head(40, 16, 150, seed).stored_as(Dtype::bf16).grad_logits(GradLogitsDtype::storage);
+  };
+  for (const char* block : {"16x32", "48x32"})
+    for (Dtype grads : {Dtype::bf16, Dtype::f32}) {
+      SCOPED_TRACE(std::string("block ") + block + ", grads " + flce::dtype_name(grads));
+      setenv("FLCE_CUDA_BLOCK", block, 1);
+      // f32 grad_W in place with several row blocks: recomputed (the control).
+      const bool control = grads == Dtype::f32 && std::string(block) == "16x32";
+      EXPECT_EQ(stash_cols(grads), control ? 0 : grads == Dtype::f32 ? 96 : 32);
+      check_all_passes(stashed(11).gradients_as(grads).with_bias().softcap(4).logit_scale(0.8)
+                           .label_smoothing(0.1).with_class_weights().z_loss(1e-3)
+                           .with_token_weights().with_grad_lse().with_grad_entropy()
+                           .ignore_rows({3, 39}).logit_magnitude(6));
+      check_all_passes(stashed(12).gradients_as(grads).reduction(Reduction::sum));
+      check_all_passes(stashed(13).gradients_as(grads).softcap(3));
+    }
+  // Odd tiles: codes and G rows start unaligned.
+  setenv("FLCE_CUDA_TILE", "7x13", 1);
+  setenv("FLCE_CUDA_BLOCK", "14x26", 1);
+  EXPECT_EQ(stash_cols(Dtype::bf16), 52);
+  check_all_passes(stashed(14).gradients_as(Dtype::bf16).with_bias().label_smoothing(0.1)
+                       .with_grad_entropy());
+}
+
+TEST_F(CudaGpu, StashedScoresKeepNonFiniteMeaningsAndTheirBytes) {
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  for (double bad : {std::numeric_limits<double>::quiet_NaN(), kInf, -kInf}) {
+    SCOPED_TRACE("value " + std::to_string(bad));
+    ASSERT_EQ(stash_cols(Dtype::bf16), 32);
+    const Case c = head(40, 16, 150).stored_as(Dtype::bf16).grad_logits(GradLogitsDtype::storage)
+                       .gradients_as(Dtype::bf16).reduction(Reduction::none).label_smoothing(0.1);
+    DenseProblem d = c.problem();
+    d.x[2 * d.h + 3] = bad;
+    d.w[7 * d.h + 1] = bad;  // class 7 (block 0: stashed) is non-finite in every row
+    check(d, c.storage(), Pass::loss_and_grad);
+  }
+  const Case c = head(40, 16, 150, 5).stored_as(Dtype::bf16).grad_logits(GradLogitsDtype::storage)
+                     .gradients_as(Dtype::bf16).softcap(3).with_bias().with_grad_entropy();
+  Request rq;
+  rq.config = cuda();
+  const Outputs first = run_library(c.problem(), c.storage(), rq);
+  ASSERT_TRUE(first.status.ok()) << first.status.error;
+  for (int run = 0; run < 2; ++run) expect_identical_outputs(run_library(c.problem(), c.storage(), rq), first);
+}
+
+TEST_F(CudaGpu, MalformedStashValueIsAnErrorNamingIt) {
+  setenv("FLCE_CUDA_STASH", "yes", 1);
+  Request rq;
+  rq.config = cuda();
+  const Outputs out = run_library(head(4, 3, 10).problem(), head(4, 3, 10).storage(), rq);
+  unsetenv("FLCE_CUDA_STASH");
+  EXPECT_FALSE(out.status.ok());
+  EXPECT_NE(out.status.error.find("FLCE_CUDA_STASH = 'yes'"), std::string::npos) << out.status.error;
 }
 
 // ---- The command line ----------------------------------------------------------

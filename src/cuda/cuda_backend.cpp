@@ -230,6 +230,7 @@ class CudaBackend final : public Backend {
                   RunStats*) const override {
     if (!config.gemm.empty() && config.gemm != "cublas")
       return "gemm = '" + config.gemm + "': the cuda backend's GEMMs are cuBLAS ('cublas' or empty)";
+    if (auto e = cuda::check_stash_env(); !e.empty()) return e;
     const Tensor& first = p.logits.present() ? p.logits : p.x;
     DeviceGuard guard(first.device_index);
     cudaStream_t stream = static_cast<cudaStream_t>(config.stream);

@@ -209,6 +209,46 @@ struct Quad {
   }
 };
 
+// A stashed score's code: the f16 bits of ref - s, finite differences
+// clamped to the f16 range (an infinity or NaN stays one), rounded to
+// nearest even; and back, s = ref - f32(code) (kernels.h, Stash).
+__device__ uint16_t stash_code(float ref, float s) {
+  float d = ref - s;
+  if (fabsf(d) < kInf) d = fminf(fmaxf(d, -65504.0f), 65504.0f);
+  return __half_as_ushort(__float2half_rn(d));
+}
+__device__ float unstash(float ref, uint16_t code) {
+  return ref - __half2float(__ushort_as_half(code));
+}
+
+// Codes of the n <= 4 scores s from column c: one 8-byte store when aligned
+// and full.
+__device__ void store_codes(uint16_t* codes, int c, int n, float ref, const float s[4],
+                            bool aligned) {
+  uint16_t h[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) h[k] = stash_code(ref, s[k]);
+  if (aligned && n == 4) {
+    *reinterpret_cast<uint2*>(codes + c) = *reinterpret_cast<const uint2*>(h);
+    return;
+  }
+  for (int k = 0; k < n; ++k) codes[c + k] = h[k];
+}
+
+// The scores of columns c .. c+n (n <= 4) of a stashed row, as Quad.
+__device__ Quad unstash_quad(const uint16_t* codes, float ref, int c, int n, bool aligned) {
+  uint16_t h[4] = {0, 0, 0, 0};
+  if (aligned && n == 4) {
+    *reinterpret_cast<uint2*>(h) = *reinterpret_cast<const uint2*>(codes + c);
+  } else {
+    for (int k = 0; k < n; ++k) h[k] = codes[c + k];
+  }
+  Quad q;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) q.v[k] = unstash(ref, h[k]);
+  return q;
+}
+
 // The label's column inside a tile of `cols` starting at class j0, or -1.
 __device__ int label_column(int64_t y, int64_t j0, int cols) {
   return y >= j0 && y < j0 + cols ? int(y - j0) : -1;
@@ -260,17 +300,23 @@ __global__ void tile_states_kernel(LossArgs g, ScoreTile tile, int64_t t, int64_
   const bool bias_aligned = reinterpret_cast<uintptr_t>(q.bias) % 16 == 0;
   float max = -kInf, sum_exp = 0, sum_exp_s = 0, sum_cs = 0;
   int arg_c = -1;
-  // Folds the quad of n <= 4 columns from c, whose raw logits are uq.
-  auto fold = [&](const Quad& uq, int c, int n) {
-    float s[4];
+  // The scores of the quad of n <= 4 columns from c, whose raw logits are
+  // uq (-inf past n).
+  auto scores = [&](const Quad& uq, int c, int n, float s[4]) {
     const Quad bq = !kRaw && q.bias ? Quad(q.bias, c, n, bias_aligned) : uq;
-    float group_max = -kInf;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const float z = kRaw ? uq.v[k] : q.a * (q.bias ? uq.v[k] + bq.v[k] : uq.v[k]);
       s[k] = k < n ? (kSoftcap ? q.k * tanhf(z * q.inv_k) : z) : -kInf;
-      group_max = fmaxf(group_max, s[k]);  // fmaxf ignores NaN
     }
+  };
+  // Folds that quad.
+  auto fold = [&](const Quad& uq, int c, int n) {
+    float s[4];
+    scores(uq, c, n, s);
+    float group_max = -kInf;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) group_max = fmaxf(group_max, s[k]);  // fmaxf ignores NaN
     if (group_max > max) {  // one rescale per quad, when the max rises
       const float f = max == -kInf ? 0.0f : expf(shift_of(max) - shift_of(group_max));
       sum_exp *= f;
@@ -324,7 +370,21 @@ __global__ void tile_states_kernel(LossArgs g, ScoreTile tile, int64_t t, int64_
   st.argmax = arg_c < 0 ? -1 : tile.j0 + arg_c;
   const int nan_c = isnan(sum_exp) ? first_nan_column<kSoftcap>(u, q, tid, cols) : -1;
   st.first_nan = nan_c < 0 ? -1 : tile.j0 + nan_c;
-  st = warp_merge(st);
+  st = warp_merge(st);  // every lane holds the row's state (one warp a row)
+  if (tile.stash.present() && live) {
+    // The row's codes, from the tile again (read moments ago: mostly L2).
+    static_assert(kWarps == 1, "the stash needs the row's max in every lane");
+    const float ref = shift_of(st.max);
+    uint16_t* codes = tile.stash.codes + r * tile.stash.codes_ld;
+    const bool codes_aligned = reinterpret_cast<uintptr_t>(codes) % 8 == 0;
+    for (int c = 4 * tid; c < cols; c += kStride) {
+      const int n = cols - c < 4 ? cols - c : 4;
+      float sc[4];
+      scores(Quad(u, c, n, aligned), c, n, sc);
+      store_codes(codes, c, n, ref, sc, codes_aligned);
+    }
+    if (tid == 0) tile.stash.refs[r * tile.stash.refs_ld] = ref;
+  }
   const int warp = tid / 32;
   if (tid % 32 == 0) warps[row_in_block][warp] = st;
   __syncthreads();
@@ -457,17 +517,23 @@ struct DlogitsRow {
         coef_c(float(info.coef_c)), coef_h(float(info.coef_h)), label(float(info.label_coef)),
         y_col(info.y < 0 ? -1 : label_column(info.y, j0, cols)) {}
 
-  __device__ float operator()(float u, int c) const {
+  // The score of raw logit u at column c.
+  __device__ float score(float u, int c) const {
+    if (kForm == kPlain) return u;
+    if (kForm == kPlainSoftcap) return q.k * tanhf(u * q.inv_k);
+    return q.score(u, c);
+  }
+
+  // G at column c from its score s.
+  __device__ float operator()(float s, int c) const {
     if (kForm == kPlain) {
-      const float d = coef_p * expf(u - lse);
+      const float d = coef_p * expf(s - lse);
       return round_as<kRound>(c == y_col ? d - label : d);
     }
     if (kForm == kPlainSoftcap) {
-      const float s = q.k * tanhf(u * q.inv_k);
       const float d = coef_p * expf(s - lse);
       return round_as<kRound>(q.dsdz(s) * (c == y_col ? d - label : d));
     }
-    const float s = q.score(u, c);
     const float p = expf(s - lse);
     float d = coef_p * p;
     if (coef_c != 0) d += coef_c * q.class_weight(c);
@@ -531,22 +597,28 @@ constexpr int kDlogitsThreads = 128;
 // the formula (DlogitsForm) are compile-time: with them chosen per element, the
 // kernel was bound by instruction issue (Nsight Compute, Llama-3 head on an
 // H100: SM 79% and DRAM 42% of peak, 65 us a tile; now 52% and 68%, 39 us).
-template <typename T, int kRound, DlogitsForm kForm>
+// kStashed: the tile's scores come from its stash (one 8-byte load of
+// codes a quad), not from raw logits.
+template <typename T, int kRound, DlogitsForm kForm, bool kStashed = false>
 __global__ void dlogits_kernel(LossArgs g, ScoreTile tile, void* out, int64_t out_ld,
                                DView grad_logits) {
   const int64_t r = blockIdx.x, i = tile.r0 + r;
   const int cols = int(tile.cols);
   const DlogitsRow<kRound, kForm> row(g, g.rows[i], tile.j0, cols);
-  const float* u = tile.u + r * tile.ld;
+  const float* u = kStashed ? nullptr : tile.u + r * tile.ld;
+  const uint16_t* codes = kStashed ? tile.stash.codes + r * tile.stash.codes_ld : nullptr;
+  const float ref = kStashed ? tile.stash.refs[r * tile.stash.refs_ld] : 0.0f;
   T* g_row = out ? static_cast<T*>(out) + r * out_ld : nullptr;
-  const bool aligned = reinterpret_cast<uintptr_t>(u) % 16 == 0 &&
+  const bool aligned = (kStashed ? reinterpret_cast<uintptr_t>(codes) % 8 == 0
+                                 : reinterpret_cast<uintptr_t>(u) % 16 == 0) &&
                        reinterpret_cast<uintptr_t>(g_row) % (4 * sizeof(T)) == 0;
   for (int c = 4 * threadIdx.x; c < cols; c += 4 * kDlogitsThreads) {
     const int n = cols - c < 4 ? cols - c : 4;
-    const Quad uq(u, c, n, aligned);
+    const Quad uq = kStashed ? unstash_quad(codes, ref, c, n, aligned) : Quad(u, c, n, aligned);
     float v[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) v[k] = k < n ? row(uq.v[k], c + k) : 0.0f;
+    for (int k = 0; k < 4; ++k)
+      v[k] = k < n ? row(kStashed ? uq.v[k] : row.score(uq.v[k], c + k), c + k) : 0.0f;
     if (g_row) store_quad<T>(g_row, c, n, v, aligned);
     if (grad_logits.present()) {
       for (int k = 0; k < n; ++k)
@@ -656,14 +728,15 @@ void reduce_loss(const LossArgs& args, cudaStream_t stream) {
 
 namespace {
 
-template <typename T, int kRound>
+template <typename T, int kRound, bool kStashed = false>
 void launch_dlogits(const LossArgs& args, const ScoreTile& tile, void* g, int64_t g_ld,
                     DView grad_logits, cudaStream_t stream) {
   const unsigned blocks = unsigned(tile.rows);
   switch (dlogits_form(args)) {
 #define FLCE_DLOGITS(F) \
   case F: \
-    dlogits_kernel<T, kRound, F><<<blocks, kDlogitsThreads, 0, stream>>>(args, tile, g, g_ld, grad_logits); \
+    dlogits_kernel<T, kRound, F, kStashed><<<blocks, kDlogitsThreads, 0, stream>>>( \
+        args, tile, g, g_ld, grad_logits); \
     break;
     FLCE_DLOGITS(kGeneral) FLCE_DLOGITS(kPlain) FLCE_DLOGITS(kPlainSoftcap)
 #undef FLCE_DLOGITS
@@ -676,9 +749,12 @@ constexpr int kF32 = int(Dtype::f32), kBf16 = int(Dtype::bf16), kF16 = int(Dtype
 
 // G is stored as f32 (any rounding; also the logits entry's null g), or
 // as the dtype it was rounded to (plan: grad_gemm == round_to then).
+// A stashed tile only ever has G in bf16 (plan.h).
 void dlogits(const LossArgs& args, const ScoreTile& tile, void* g, Dtype g_dtype, int64_t g_ld,
              DView grad_logits, Dtype round_to, cudaStream_t stream) {
-  if (g != nullptr && g_dtype == Dtype::bf16)
+  if (tile.stash.present())
+    launch_dlogits<__nv_bfloat16, kBf16, true>(args, tile, g, g_ld, grad_logits, stream);
+  else if (g != nullptr && g_dtype == Dtype::bf16)
     launch_dlogits<__nv_bfloat16, kBf16>(args, tile, g, g_ld, grad_logits, stream);
   else if (g != nullptr && g_dtype == Dtype::f16)
     launch_dlogits<__half, kF16>(args, tile, g, g_ld, grad_logits, stream);

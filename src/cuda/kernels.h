@@ -84,17 +84,31 @@ struct LossArgs {
   double* row_loss = nullptr;  // [N]
 };
 
-// A [rows x cols] tile of f32 scores with leading dimension ld, whose row 0
-// is problem row r0 and column 0 is class j0.
+// Where a stashed tile's scores live (plan.h): the f16 bits of ref_r - s
+// at codes[r * codes_ld + c], ref_r at refs[r * refs_ld].
+struct Stash {
+  uint16_t* codes = nullptr;
+  float* refs = nullptr;
+  int64_t codes_ld = 0, refs_ld = 0;
+  FLCE_HOST_DEVICE bool present() const { return codes != nullptr; }
+};
+
+// A [rows x cols] tile of scores whose row 0 is problem row r0 and column 0
+// is class j0: raw logits u in f32 with leading dimension ld, or (u null,
+// pass 2 of a stashed tile) the stash's codes. tile_states also writes the
+// stash when it is present.
 struct ScoreTile {
   float* u;
   int64_t ld, rows, cols, r0, j0;
+  Stash stash;
 };
 
 // class_w/bias f32 copies, C, D and the checks of labels and weights.
 void prepare(const LossArgs& args, float* class_w, float* bias, cudaStream_t stream);
 
-// states[r * tiles + t] for the tile's rows (r relative to state_r0).
+// states[r * tiles + t] for the tile's rows (r relative to state_r0); with
+// tile.stash, also each row's ref (its max in the tile, or 0 if that is not
+// finite) and codes f16(ref - s), finite differences clamped to +-65504.
 void tile_states(const LossArgs& args, const ScoreTile& tile, int64_t t, int64_t tiles,
                  int64_t state_r0, TileState* states, cudaStream_t stream);
 
@@ -105,7 +119,8 @@ void merge_rows(const LossArgs& args, const TileState* states, int64_t tiles, in
 // The reduced loss (0-D output) from row_loss and D.
 void reduce_loss(const LossArgs& args, cudaStream_t stream);
 
-// G over the tile, written as `g_dtype` (f32, bf16 or f16) at g (leading
+// G over the tile (from u, or from the stash: s = ref - f32(code)), written
+// as `g_dtype` (f32, bf16 or f16) at g (leading
 // dimension g_ld), and into grad_logits (a [N, V] view) when present. g may
 // be the tile's own storage (f32, in place). When round_to is not f32, G is
 // rounded to that dtype first (grad_logits_dtype = storage).

@@ -24,7 +24,7 @@ std::string load_scores(const Context& c, int64_t r0, int64_t rows, int64_t j0, 
                         ScoreTile* tile) {
   const Plan& plan = c.plan;
   float* scores = c.ws.scores;
-  *tile = ScoreTile{scores, cols, rows, cols, r0, j0};
+  *tile = ScoreTile{scores, cols, rows, cols, r0, j0, Stash{}};
   if (plan.d.logits_entry) {
     const DView dst{scores, int(Dtype::f32), cols, 1};
     convert(dview(c.p.logits), r0, j0, dst, 0, 0, rows, cols, c.stream);
@@ -43,6 +43,21 @@ std::string load_scores(const Context& c, int64_t r0, int64_t rows, int64_t j0, 
   return run_gemm(g, c.stream);
 }
 
+// The stash of the score tile at rows r0.., classes j0.. (plan.h): codes in
+// grad_W's memory, block by block, and one ref per (row, stashed tile).
+Stash stash_at(const Context& c, int64_t r0, int64_t j0) {
+  const Plan& plan = c.plan;
+  const int64_t N = plan.d.n, C = plan.block_cols;
+  const int64_t b = j0 / C, block_j0 = b * C, block_cols = std::min(C, plan.d.v - block_j0);
+  Stash st;
+  st.codes = static_cast<uint16_t*>(c.p.grad_w.data) + b * N * C + r0 * block_cols +
+             (j0 - block_j0);
+  st.codes_ld = block_cols;
+  st.refs = c.ws.stash_refs + r0 * plan.stash_tiles + j0 / plan.tile_cols;
+  st.refs_ld = plan.stash_tiles;
+  return st;
+}
+
 }  // namespace
 
 std::string statistics_pass(const Context& c) {
@@ -59,6 +74,7 @@ std::string statistics_pass(const Context& c) {
       for (int64_t r0 = s0; r0 < s0 + srows; r0 += plan.tile_rows) {
         ScoreTile tile;
         FLCE_TRY(load_scores(c, r0, std::min(plan.tile_rows, s0 + srows - r0), j0, cols, &tile));
+        if (plan.stashed(j0)) tile.stash = stash_at(c, r0, j0);
         tile_states(c.args, tile, t, plan.tiles, s0, c.ws.states, c.stream);
         FLCE_TRY(last_launch_error("tile_states"));
       }
@@ -194,8 +210,12 @@ std::string gradient_block(const Context& c, int64_t b0, int64_t brows, int64_t 
   for (int64_t tj = j0; tj < j0 + cols; tj += plan.tile_cols) {
     const int64_t tcols = std::min(plan.tile_cols, j0 + cols - tj);
     for (int64_t r0 = b0; r0 < b0 + brows; r0 += plan.tile_rows) {
+      const int64_t trows = std::min(plan.tile_rows, b0 + brows - r0);
       ScoreTile tile;
-      FLCE_TRY(load_scores(c, r0, std::min(plan.tile_rows, b0 + brows - r0), tj, tcols, &tile));
+      if (plan.stashed(tj))  // pass 1 kept the scores: no GEMM
+        tile = ScoreTile{nullptr, 0, trows, tcols, r0, tj, stash_at(c, r0, tj)};
+      else
+        FLCE_TRY(load_scores(c, r0, trows, tj, tcols, &tile));
       char* g = static_cast<char*>(c.ws.g) +
                 ((r0 - b0) * plan.block_cols + (tj - j0)) * int64_t(g_size);
       dlogits(c.args, tile, g, plan.grad_gemm, plan.block_cols, DView{}, plan.round_to, c.stream);

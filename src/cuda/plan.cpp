@@ -8,7 +8,7 @@
 namespace flce::cuda {
 namespace {
 
-// Measured on an H100 (bench/cuda_bench.py --tiles): 4096 x 4096 beat 2048 x 2048
+// Measured on an H100 (bench/cuda_bench.py --variants FLCE_CUDA_TILE=...): 4096 x 4096 beat 2048 x 2048
 // and 4096 x 2048 at all three benchmark shapes (fewer, longer GEMMs).
 constexpr int64_t kTileRows = 4096, kTileCols = 4096;
 constexpr size_t kBlockBytes = size_t(192) << 20;  // the G block
@@ -29,7 +29,43 @@ int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 bool unit_columns(const Tensor& t) { return t.shape[1] == 1 || t.stride[1] == 1; }
 
+const char* stash_env() { return std::getenv("FLCE_CUDA_STASH"); }
+
+// How many classes, from 0, pass 1 can stash in grad_W's memory (plan.h):
+// whole gradient blocks whose codes end within grad_W's bytes, when G is
+// rounded to bf16, grad_W is [V, H] with rows packed end to end, and no
+// grad_W write precedes a read of the codes under it.
+int64_t stashable_cols(const Problem& p, const Plan& plan) {
+  const char* env = stash_env();
+  if (env != nullptr && std::string(env) == "0") return 0;
+  const Tensor& gw = p.grad_w;
+  const int64_t N = plan.d.n, V = plan.d.v, H = plan.d.h;
+  if (!plan.states_pass || !plan.grads || plan.d.logits_entry || plan.round_to != Dtype::bf16 ||
+      !gw.present() || p.w_layout != WeightLayout::vh || gw.stride[0] != H ||
+      !unit_columns(gw))
+    return 0;
+  const int64_t gw_size = int64_t(dtype_size(gw.dtype));
+  // f32 in place with several row blocks: each row block writes grad_W's
+  // block rows, before the next row block reads the codes there.
+  if (plan.grad_w_in_place && plan.block_rows < N) return 0;
+  if (H * gw_size > 2 * N) return 0;
+  const int64_t capacity = V * H * gw_size, C = plan.block_cols;
+  int64_t cols = 0;
+  while (cols < V && (cols / C) * 2 * N * C + 2 * N * std::min(C, V - cols) <= capacity)
+    cols += std::min(C, V - cols);
+  return cols;
+}
+
 }  // namespace
+
+std::string check_stash_env() {
+  const char* env = stash_env();
+  if (env != nullptr && std::string(env) != "0" && std::string(env) != "1")
+    return "FLCE_CUDA_STASH = '" + std::string(env) +
+           "': must be 0 (recompute every score tile) or 1 (stash where it applies; unset: the "
+           "same)";
+  return "";
+}
 
 Plan make_plan(const Problem& p, Pass pass) {
   Plan plan;
@@ -69,6 +105,8 @@ Plan make_plan(const Problem& p, Pass pass) {
                             (p.grad_w.dtype == Dtype::f32 || p.grad_w.dtype == plan.grad_gemm);
     plan.grad_w_direct = !plan.grad_w_in_place && gemm_dtype && unit_columns(p.grad_w) &&
                          plan.block_rows >= N;
+    plan.stash_cols = stashable_cols(p, plan);
+    plan.stash_tiles = (plan.stash_cols + plan.tile_cols - 1) / plan.tile_cols;
     (void)H;
   }
   return plan;
@@ -78,7 +116,7 @@ namespace {
 
 // Byte sizes of the Workspace members, in declaration order.
 struct Sizes {
-  size_t bytes[13] = {};
+  size_t bytes[14] = {};
 };
 
 Sizes sizes_of(const Plan& plan, const Problem& p) {
@@ -103,6 +141,7 @@ Sizes sizes_of(const Plan& plan, const Problem& p) {
   const bool convert = gemms && plan.grad_gemm != plan.storage;
   s.bytes[11] = convert ? size_t(plan.block_rows * H) * g_size : 0;
   s.bytes[12] = convert ? size_t(plan.block_cols * H) * g_size : 0;
+  s.bytes[13] = size_t(N * plan.stash_tiles) * 4;
   return s;
 }
 
@@ -120,8 +159,8 @@ size_t workspace_bytes(const Plan& plan, const Problem& p) {
 Workspace carve_workspace(const Plan& plan, const Problem& p, void* base) {
   const Sizes s = sizes_of(plan, p);
   char* at = static_cast<char*>(base);
-  void* ptr[13];
-  for (int k = 0; k < 13; ++k) {
+  void* ptr[14];
+  for (int k = 0; k < 14; ++k) {
     ptr[k] = s.bytes[k] ? at : nullptr;
     at += aligned(s.bytes[k]);
   }
@@ -139,6 +178,7 @@ Workspace carve_workspace(const Plan& plan, const Problem& p, void* base) {
   ws.grad_b_acc = static_cast<double*>(ptr[10]);
   ws.x_grad = ptr[11];
   ws.w_grad = ptr[12];
+  ws.stash_refs = static_cast<float*>(ptr[13]);
   return ws;
 }
 

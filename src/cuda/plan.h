@@ -10,10 +10,21 @@
 //                   Large, so both GEMMs have a long K (192 MiB by default).
 // The pass over the vocabulary for lse (pass 1) keeps one TileState per
 // (row, score tile) for state_rows rows at a time.
+//
+// Stashed scores: pass 2 recomputes every score tile (a fourth GEMM), except
+// in the first stash_cols classes, whose scores pass 1 keeps as the f16 bits
+// of ref - s (ref = the row's max in that tile) in grad_W's own memory,
+// which is free until pass 2 writes it. The codes of gradient block b (all
+// N rows x its cols, row-major) start at byte 2 N block_cols b; grad_W
+// rows of the blocks before b end at byte block_cols b H |grad_W dtype|, so
+// with H |dtype| <= 2 N pass 2 never overwrites codes it has yet to read.
+// Only where G is rounded to bf16 anyway: the codes' error is the tolerance
+// policy's u_q term, as for the cpu backend's packed scores.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "cuda/kernels.h"
 #include "flce/flce.h"
@@ -35,9 +46,17 @@ struct Plan {
   bool grad_x_in_place = false;  // grad_x is f32 with unit column stride
   bool grad_w_in_place = false;  // grad_w is f32 with unit column stride
   bool grad_w_direct = false;    // one row block: the GEMM writes grad_w as is
+  int64_t stash_cols = 0;        // classes [0, stash_cols) are stashed (a whole number of blocks, or V)
+  int64_t stash_tiles = 0;       // the score tiles they span
+
+  bool stashed(int64_t j0) const { return j0 < stash_cols; }
 };
 
 Plan make_plan(const Problem& p, Pass pass);
+
+// FLCE_CUDA_STASH: "0" (recompute every tile), "1" or unset (stash where it
+// applies); "" or a message naming a malformed value.
+std::string check_stash_env();
 
 // Device scratch, carved from one allocation (null where not needed).
 struct Workspace {
@@ -52,6 +71,7 @@ struct Workspace {
   float* grad_x_acc = nullptr;    // [N, H]
   float* grad_w_acc = nullptr;    // [block_cols, H]
   double* grad_b_acc = nullptr;   // [V]
+  float* stash_refs = nullptr;    // [N, stash_tiles]: ref of each stashed (row, tile)
   void* x_grad = nullptr;         // [block_rows, H] X in grad_gemm, when it is not x's dtype
   void* w_grad = nullptr;         // [block_cols, H] W's block likewise (as [V, H])
 };

@@ -65,6 +65,23 @@ def test_loss_and_grad_agrees_with_the_oracle(name, dtype, grad_logits):
     flce.testing.assert_close(cpu(r), x, w, y, bias=b, grad_cast=cast, **opts)
 
 
+@pytest.mark.parametrize("name", ["everything", "defaults"])
+def test_stashed_scores_agree_with_the_oracle(name, monkeypatch):
+    # Tiles of 300 x 64 and blocks of 300 x 128: grad_W's 480,000 bytes
+    # (5000 x 48 bf16) hold the f16 codes of six blocks (76,800 bytes each),
+    # so pass 2 reads classes 0-767 back from them (cuda/plan.h) and
+    # recomputes the rest; judged with u_q = 2^-11 (packed_scores).
+    monkeypatch.setenv("FLCE_CUDA_TILE", "300x64")
+    monkeypatch.setenv("FLCE_CUDA_BLOCK", "300x128")
+    opts = OPTIONS[name]
+    x, w, y, b = make(300, 48, 5000, torch.bfloat16, opts)
+    xd, wd, yd, bd = x.to(DEV), w.to(DEV), y.to(DEV), b.to(DEV)
+    r = flce.loss_and_grad(xd, wd, yd, bias=bd, outputs="all", grad_dtype="input",
+                           grad_logits_dtype="storage", backend="cuda", **opts)
+    flce.testing.assert_close(cpu(r), x, w, y, bias=b, grad_cast="bfloat16",
+                              packed_scores="float16", **opts)
+
+
 def test_forward_then_backward_from_the_saved_lse():
     x, w, y, _ = make(257, 40, 3001, torch.bfloat16, {})
     xd, wd, yd = x.to(DEV), w.to(DEV), y.to(DEV)
