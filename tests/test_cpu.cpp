@@ -432,6 +432,102 @@ TEST_F(CpuVocabOuter, SameBitsForAnyThreadCount) {
   }
 }
 
+// Stashed scores (Plan::stash_scores): vocab outer keeps the forward
+// pieces' f32 scores in grad_W's memory and copies each chunk back instead
+// of a second logits GEMM. Exact (the same f32 scores), so judged by the
+// plain policy; forced cuts put the stash in grad_W written in place (one
+// super-block, H = N: every chunk's grad_W rows reach over its own stash)
+// and in a grad_W accumulated in the workspace (bf16 gradients, three
+// super-blocks, both layouts).
+class CpuStashedScores : public CpuVocabOuter {
+ protected:
+  void TearDown() override {
+    CpuVocabOuter::TearDown();
+    unsetenv("FLCE_CPU_STASH");
+  }
+};
+
+constexpr int64_t kStashH = 64, kStashV = 2 * kTile + 300;
+
+// Whether a step of these shapes stashes under the current env.
+bool stashes(int64_t n, Dtype grads, WeightLayout layout = WeightLayout::vh, Dtype storage = Dtype::f32) {
+  flce::Problem p = step_shapes(n, kStashH, kStashV);
+  static const float none = 0;
+  if (layout == WeightLayout::hv) {
+    p.w_layout = layout;
+    p.w = flce::matrix_view(&none, Dtype::f32, kStashH, kStashV);
+    p.grad_w = flce::matrix_view(&none, Dtype::f32, kStashH, kStashV);
+  }
+  p.x.dtype = p.w.dtype = storage;
+  p.grad_x.dtype = p.grad_w.dtype = grads;
+  return flce::cpu::make_plan(p, Pass::loss_and_grad, cpu(2)).stash_scores;
+}
+
+struct StashCut {
+  const char* order;
+  int64_t n;
+  bool in_place;  // f32 gradients; else the storage dtype's, or f64 for f32 storage
+};
+// 4 R <= H |grad_W dtype|: R = 64 with f32 grad_W in place (R = N), R = 32
+// with a bf16 or f64 grad_W (accumulated in the workspace; N = 70: 32 + 32
+// + 6).
+const StashCut kStashCuts[] = {{"vocab:64x2", 64, true}, {"vocab:32x2", 70, false}};
+Dtype grads_of(const StashCut& cut, Dtype storage) {
+  return cut.in_place ? Dtype::f32 : storage == Dtype::f32 ? Dtype::f64 : storage;
+}
+
+TEST_F(CpuStashedScores, AgreeWithTheOracleInPlaceAndAccumulated) {
+  for (const StashCut& cut : kStashCuts) {
+    setenv("FLCE_CPU_GRAD_ORDER", cut.order, 1);
+    for (Dtype dtype : {Dtype::f32, Dtype::bf16})
+      for (WeightLayout layout : {WeightLayout::vh, WeightLayout::hv}) {
+        SCOPED_TRACE(std::string(cut.order) + ", " + flce::dtype_name(dtype) + ", layout " +
+                     std::to_string(int(layout)));
+        // hv with grad_W in place writes columns: recomputed instead (the control).
+        const bool control = layout == WeightLayout::hv && cut.in_place;
+        const Dtype grads = grads_of(cut, dtype);
+        EXPECT_EQ(stashes(cut.n, grads, layout, dtype), !control);
+        const Case c = head(cut.n, kStashH, kStashV).layout(layout).stored_as(dtype).gradients_as(grads)
+                           .with_bias().softcap(4).logit_scale(0.8).label_smoothing(0.1).with_class_weights()
+                           .z_loss(1e-3).with_token_weights().with_grad_lse().with_grad_entropy()
+                           .ignore_rows({3, cut.n - 1});
+        check(c.problem(), c.storage(), Pass::loss_and_grad);
+        check(c.problem(), c.storage(), Pass::backward);  // grad_entropy: pass 1 runs
+        Case stored = c;
+        stored.grad_logits(GradLogitsDtype::storage);
+        check(stored.problem(), stored.storage());
+      }
+  }
+  // A super-block row too many for the f32 grad_W: recomputed.
+  setenv("FLCE_CPU_GRAD_ORDER", "vocab:65x2", 1);
+  EXPECT_FALSE(stashes(65, Dtype::f32));
+}
+
+TEST_F(CpuStashedScores, NonFiniteScoresAndTheSameBitsForAnyThreadCount) {
+  setenv("FLCE_CPU_GRAD_ORDER", "vocab:32x2", 1);
+  ASSERT_TRUE(stashes(70, Dtype::f64));
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  for (double bad : {std::numeric_limits<double>::quiet_NaN(), kInf, -kInf}) {
+    SCOPED_TRACE("value " + std::to_string(bad));
+    const Case c = head(70, kStashH, kStashV).gradients_as(Dtype::f64).reduction(Reduction::none)
+                       .label_smoothing(0.1);
+    DenseProblem d = c.problem();
+    d.x[2 * d.h + 3] = bad;
+    d.w[7 * d.h + 1] = bad;  // class 7's logit is non-finite in every row
+    check(d, c.storage(), Pass::loss_and_grad);
+  }
+  const Case c = head(70, kStashH, kStashV, 4).gradients_as(Dtype::f64).softcap(3).with_bias();
+  const Outputs one = run_cpu(c, 1);
+  for (int threads : {2, 3}) expect_identical_outputs(run_cpu(c, threads), one);
+}
+
+TEST_F(CpuStashedScores, MalformedValueIsAnErrorNamingIt) {
+  setenv("FLCE_CPU_STASH", "no", 1);
+  const Outputs out = run_library(head(4, 3, 10).problem(), head(4, 3, 10).storage(), Request{});
+  EXPECT_FALSE(out.status.ok());
+  EXPECT_NE(out.status.error.find("FLCE_CPU_STASH = 'no'"), std::string::npos) << out.status.error;
+}
+
 TEST_F(CpuVocabOuter, MalformedOrderIsAnErrorNamingIt) {
   setenv("FLCE_CPU_GRAD_ORDER", "vocab:0x2", 1);
   const Outputs out = run_library(head(4, 3, 10).problem(), head(4, 3, 10).storage(), Request{});
@@ -505,7 +601,9 @@ TEST_F(CpuVocabOuter, ChosenForLargeVocabulariesWithinTheBudget) {
     int64_t n, h, v;
     bool vocab_outer;
   };
-  for (Shape s : {Shape{1024, 2304, 256000, true}, Shape{1024, 4096, 128256, false},
+  // S4 and S2 (and V = 200000 at H = N = 1024) stash their scores in the
+  // f32 grad_W (H >= N, one super-block), so vocab outer costs three GEMMs.
+  for (Shape s : {Shape{1024, 2304, 256000, true}, Shape{1024, 4096, 128256, true},
                   Shape{131072, 1024, 128256, false}, Shape{4096, 768, 50257, false},
                   Shape{40, 2304, 256000, false}, Shape{1024, 1024, 200000, true}})
     for (Dtype dtype : {Dtype::f32, Dtype::bf16}) {
@@ -516,6 +614,8 @@ TEST_F(CpuVocabOuter, ChosenForLargeVocabulariesWithinTheBudget) {
       const size_t bound = (size_t(64) << 20) + 2 * size_t(kTile * s.h) * 4;
       const flce::cpu::Plan plan = flce::cpu::make_plan(p, Pass::loss_and_grad, cpu(2));
       EXPECT_EQ(plan.vocab_outer, s.vocab_outer);
+      EXPECT_EQ(plan.stash_scores, s.vocab_outer);
+      EXPECT_EQ(plan.row_block, s.vocab_outer ? s.n : plan.row_block);
       EXPECT_LE(flce::cpu::workspace_bytes(plan, p), bound);
       setenv("FLCE_CPU_GRAD_ORDER", "vocab", 1);
       const flce::cpu::Plan forced = flce::cpu::make_plan(p, Pass::loss_and_grad, cpu(2));
@@ -548,7 +648,10 @@ class CpuPackedScores : public ::testing::Test {
     if (flce::simd::best_kernels().pack_scores == nullptr)
       GTEST_SKIP() << "the " << flce::simd::best_kernels().isa << " kernel set has no pack_scores: scores stay f32";
   }
-  void TearDown() override { unsetenv("FLCE_CPU_PACK_SCORES"); }
+  void TearDown() override {
+    unsetenv("FLCE_CPU_PACK_SCORES");
+    unsetenv("FLCE_CPU_STASH");
+  }
 };
 
 flce::Problem bf16_step(int64_t n, int64_t h, int64_t v) {
@@ -559,6 +662,11 @@ flce::Problem bf16_step(int64_t n, int64_t h, int64_t v) {
 }
 
 TEST_F(CpuPackedScores, ChosenForBf16DlogitsOnlyAndDoublesTheRowBlock) {
+  // S2 and S4 stash their scores vocab outer where they can (CpuStashedScores),
+  // which needs no packing.
+  EXPECT_TRUE(flce::cpu::make_plan(bf16_step(1024, 4096, 128256), Pass::loss_and_grad, cpu(2)).stash_scores);
+  EXPECT_FALSE(flce::cpu::make_plan(bf16_step(1024, 4096, 128256), Pass::loss_and_grad, cpu(2)).packed_scores);
+  setenv("FLCE_CPU_STASH", "0", 1);  // the rows-outer choices below
   const flce::Problem s2 = bf16_step(1024, 4096, 128256);
   const flce::cpu::Plan packed = flce::cpu::make_plan(s2, Pass::loss_and_grad, cpu(2));
   EXPECT_TRUE(packed.packed_scores);

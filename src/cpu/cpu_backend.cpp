@@ -147,7 +147,7 @@ void forward_pieces(const cpu::Context& c, int64_t i0, int64_t rows) {
     Workspace piece_ws = c.ws;  // the piece's rows of x_block and RowInfo
     piece_ws.x_block = static_cast<char*>(c.ws.x_block) + size_t(r0) * x_row_bytes;
     piece_ws.rows = c.ws.rows + r0;
-    const cpu::Context piece{c.p, piece_plan, piece_ws, c.class_sum, c.denom, c.stats};
+    const cpu::Context piece{c.p, piece_plan, piece_ws, c.class_sum, c.denom, c.stats, r0};
     const int64_t m = std::min(cpu::kMaxRowBlock, rows - r0);
     cpu::scores_and_states(piece, i0 + r0, m);
     cpu::merge_rows(piece, i0 + r0, m);
@@ -164,9 +164,12 @@ void run_vocab_outer(const cpu::Context& c) {
       cpu::rows_from_inputs(c, i0, rows);
     else
       forward_pieces(c, i0, rows);
+    Workspace block_ws = c.ws;  // Plan::grad_x_in_place: the rows' grad_x accumulates in grad_x
+    if (plan.grad_x_in_place) block_ws.grad_x_block = static_cast<float*>(c.p.grad_x.data) + i0 * plan.d.h;
+    const cpu::Context block{c.p, plan, block_ws, c.class_sum, c.denom, c.stats};
     for (int64_t t0 = 0; t0 < plan.tiles; t0 += plan.chunk_tiles)
-      cpu::grad_vocab_chunk(c, i0, rows, t0, std::min(t0 + plan.chunk_tiles, plan.tiles));
-    if (c.p.grad_x.present()) cpu::store_grad_x(c, i0, rows);
+      cpu::grad_vocab_chunk(block, i0, rows, t0, std::min(t0 + plan.chunk_tiles, plan.tiles));
+    if (c.p.grad_x.present() && !plan.grad_x_in_place) cpu::store_grad_x(c, i0, rows);
   }
 }
 

@@ -98,6 +98,22 @@ VocabOuterCut cut_vocab_outer(const Dims& d, int64_t tiles, int64_t row_bytes, i
   return best;
 }
 
+// FLCE_CPU_STASH: "0" (vocab outer computes the logits twice), "1", or
+// unset: scores stashed wherever Plan::stash_scores applies.
+const char* stash_env() { return std::getenv("FLCE_CPU_STASH"); }
+
+bool dense(const Tensor& t) { return t.stride[1] == 1 && t.stride[0] == t.shape[1]; }
+
+// Whether a vocab-outer pass with super-blocks of `rows` rows can keep its
+// scores in grad_W's memory (Plan::stash_scores).
+bool stashable(const Problem& p, const Plan& plan, int64_t rows, bool no_stats) {
+  const char* env = stash_env();
+  if (no_stats || !p.grad_w.present() || !dense(p.grad_w) || (env && std::string(env) == "0")) return false;
+  const bool fits = 4 * rows <= plan.d.h * int64_t(dtype_size(p.grad_w.dtype));
+  const bool in_place_ok = p.w_layout == WeightLayout::vh && rows >= plan.d.n;
+  return fits && (!plan.grad_w_in_place || in_place_ok);
+}
+
 // Whether a training step or backward takes the vocabulary-outer order
 // (Plan), and its cut. Rows outer stays where one block holds every row
 // (nothing to save), for the logits entry (no GEMMs) and with the gradient
@@ -108,8 +124,6 @@ void choose_grad_order(const Problem& p, Plan* plan) {
   const ForcedOrder forced = forced_order();
   if (!grads || d.logits_entry || plan->filter || (forced.set && !forced.vocab)) return;
   const bool no_stats = plan->pass == Pass::backward && !p.grad_entropy.present();
-  const bool pays = plan->row_block < kVocabOuterBelowRows || no_stats;  // Plan::stats_from_inputs
-  if (!forced.vocab && !(pays && plan->row_block < d.n)) return;
   const int64_t x_bytes = int64_t(dtype_size(plan->logits_gemm)) +
                           (plan->grad_gemm != plan->logits_gemm ? int64_t(dtype_size(plan->grad_gemm)) : 0);
   const int64_t row_bytes = d.h * (x_bytes + 4) + int64_t(sizeof(RowInfo));  // x, grad_x, row scalars
@@ -117,10 +131,20 @@ void choose_grad_order(const Problem& p, Plan* plan) {
       forced.rows > 0 ? VocabOuterCut{std::min(forced.rows, d.n), std::min(forced.chunk_tiles, plan->tiles), 0}
                       : cut_vocab_outer(d, plan->tiles, row_bytes, score_budget_bytes());
   if (cut.rows == 0) return;  // not even one piece and one tile fit the budget
+  // Stashed, vocab outer costs three GEMMs, as rows outer does, with no
+  // grad_W accumulator traffic when one super-block holds every row.
+  const bool stash = stashable(p, *plan, cut.rows, no_stats);
+  const bool pays = plan->row_block < kVocabOuterBelowRows || no_stats ||  // Plan::stats_from_inputs
+                    (stash && cut.rows >= d.n);
+  if (!forced.vocab && !(pays && plan->row_block < d.n)) return;
   plan->vocab_outer = true;
+  plan->stash_scores = stash;
+  plan->stash_rows = stash ? cut.rows : 0;
   plan->stats_from_inputs = no_stats;
   plan->row_block = cut.rows;
   plan->chunk_tiles = cut.chunk_tiles;
+  if (stash && forced.chunk_tiles == 0)  // a copy's target only: kStashChunkBytes will do
+    plan->chunk_tiles = std::clamp<int64_t>(kStashChunkBytes / (cut.rows * 4 * kVocabTile), 1, cut.chunk_tiles);
 }
 
 // A row of `cols` elements, `per_line` of them to a 64-byte line, padded to
@@ -167,6 +191,11 @@ std::string check_tuning_env() {
   if (pack != nullptr && std::string(pack) != "0" && std::string(pack) != "1")
     return "FLCE_CPU_PACK_SCORES = '" + std::string(pack) +
            "': must be 0 (f32 scores) or 1 (16-bit where it applies; unset: the same)";
+  const char* stash = stash_env();
+  if (stash != nullptr && std::string(stash) != "0" && std::string(stash) != "1")
+    return "FLCE_CPU_STASH = '" + std::string(stash) +
+           "': must be 0 (vocab outer computes the logits twice) or 1 (scores kept in grad_W's "
+           "memory where that applies; unset: the same)";
   const char* split = forced_grad_x_split();
   if (split != nullptr && std::string(split) != "vocab" && std::string(split) != "hidden")
     return "FLCE_CPU_GRAD_X_SPLIT = '" + std::string(split) +
@@ -233,6 +262,8 @@ Plan make_plan(const Problem& p, Pass pass, const RunConfig& config) {
   plan.scores_ld = plan.packed_scores ? padded_row(V, 32) / 2
                                       : padded_row(plan.vocab_outer ? plan.chunk_tiles * kVocabTile : V, 16);
   plan.grad_x_vocab_split = grad_x_vocab_split(p, plan);
+  plan.grad_x_in_place = plan.vocab_outer && p.grad_x.present() && p.grad_x.dtype == Dtype::f32 &&
+                         dense(p.grad_x) && !plan.filter_uniform;
   plan.compact_bf16_g = plan.grad_gemm == Dtype::bf16 && pass != Pass::forward && p.grad_x.present() &&
                         !plan.d.logits_entry && !plan.grad_x_vocab_split && !plan.packed_scores;
   return plan;
@@ -263,7 +294,7 @@ Sizes sizes_of(const Plan& plan, const Problem& p) {
   s.bytes[1] = size_t(x_rows * H) * logits_elt;
   s.bytes[2] = grads && plan.grad_gemm != plan.logits_gemm ? size_t(R * H) * grad_elt : 0;
   s.bytes[3] = size_t(plan.threads) * size_t(kVocabTile * H) * 4;
-  s.bytes[4] = grads && p.grad_x.present() ? size_t(R * H) * 4 : 0;
+  s.bytes[4] = grads && p.grad_x.present() && !plan.grad_x_in_place ? size_t(R * H) * 4 : 0;
   s.bytes[5] = size_t(state_rows * plan.tiles) * sizeof(simd::SoftmaxState);
   s.bytes[6] = size_t(R) * sizeof(RowInfo);
   s.bytes[7] = size_t(N) * sizeof(double);
@@ -325,6 +356,13 @@ Workspace carve_workspace(const Plan& plan, const Problem& p, void* base) {
   w.packed_tiles = static_cast<float*>(piece[19]);
   w.score_refs = static_cast<float*>(piece[20]);
   return w;
+}
+
+char* stash_at(const Plan& plan, const Problem& p, int64_t r, int64_t j, int64_t j0, int64_t j1) {
+  const int64_t R = plan.stash_rows, V = plan.d.v;
+  const int64_t end = plan.d.h * V * int64_t(dtype_size(p.grad_w.dtype)) / 4;  // whole floats
+  const int64_t chunk = end - (V - j0) * R;
+  return static_cast<char*>(p.grad_w.data) + 4 * (chunk + r * (j1 - j0) + (j - j0));
 }
 
 }  // namespace flce::cpu

@@ -57,6 +57,12 @@ constexpr int64_t kVocabSplitMaxHidden = 256;
 // FLCE_CPU_GRAD_ORDER = rows, vocab or vocab:RxT forces an order (and a
 // cut), for tuning and tests.
 constexpr int64_t kVocabOuterBelowRows = 96;
+// With Plan::stash_scores a chunk's scores are only copied into the
+// workspace, not computed there, so it need not fill the budget: chunks of
+// at most this many bytes (8 tiles at R = 1024) keep the workspace and the
+// GEMM libraries' scratch under 64 MiB, and the grad_x accumulator they
+// cost (8 R H bytes a chunk) stays a few percent of a step's memory traffic.
+constexpr int64_t kStashChunkBytes = int64_t(8) << 20;
 
 // A training step's two orders. Rows outer: each block of R rows gets its
 // scores for the whole vocabulary, then G, then its share of grad_W and
@@ -125,6 +131,18 @@ struct Plan {
   // (like compact_bf16_g, with no move). Off where the kernel set has no
   // pack_scores, or with FLCE_CPU_PACK_SCORES=0 (for side-by-side timing).
   bool packed_scores = false;
+  // Vocab outer with a forward pass first: the forward pieces also keep the
+  // super-block's f32 scores, and each chunk copies its scores back instead
+  // of a second logits GEMM, so the step costs three GEMMs, not four. They
+  // are kept in grad_W's own memory (stash_at), which is free until the
+  // gradient GEMMs write it: entirely free where grad_W accumulates in the
+  // workspace; written chunk by chunk where it is f32 in place, with one
+  // super-block ([V, H] only). The super-block's R x V floats fit in grad_W's
+  // V x H elements when 4 R <= H |grad_W dtype|, and then, packed against
+  // grad_W's end chunk by chunk, every chunk's scores lie above the grad_W
+  // rows of the chunks before it. Off with FLCE_CPU_STASH=0.
+  bool stash_scores = false;
+  int64_t stash_rows = 0;  // the super-block's R, for stash_at (a forward piece's plan has its own row_block)
   int threads = 1;
   Dtype storage = Dtype::f32;      // dtype of x, W (or logits)
   Dtype logits_gemm = Dtype::f32;  // f32 or bf16: X and W in U = X W^T
@@ -133,6 +151,10 @@ struct Plan {
   // non-f32 storage), unless only the bf16 conversion for the GEMMs reads it.
   bool round_grad_logits = false;
   bool grad_w_in_place = false;    // grad_w is f32 with unit inner stride
+  // Vocab outer with an f32 grad_x whose rows lie end to end: each
+  // super-block's rows accumulate in grad_x itself, not in a [R, H]
+  // Workspace::grad_x_block (R can be N there: 16 MiB at S2).
+  bool grad_x_in_place = false;
   // grad_W's products run through the kernel set's gemm_tn (f32) or
   // gemm_tn_bf16 (bf16 G) where it has one, each thread with its own packing
   // scratch in the workspace.
@@ -242,5 +264,12 @@ struct ScoreBlock {
 
 size_t workspace_bytes(const Plan& plan, const Problem& p);
 Workspace carve_workspace(const Plan& plan, const Problem& p, void* base);
+
+// Plan::stash_scores: where the score of super-block row r, column j lies in
+// grad_W's memory, for the chunk [j0, j1) that holds j: the chunk's [R, j1 -
+// j0] rows end (V - j1) R floats before grad_W's last whole float. Byte
+// addresses (a bf16 grad_W may be only 2-byte aligned): read and write them
+// with memcpy.
+char* stash_at(const Plan& plan, const Problem& p, int64_t r, int64_t j, int64_t j0, int64_t j1);
 
 }  // namespace flce::cpu

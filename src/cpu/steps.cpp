@@ -53,6 +53,31 @@ void scores_in_place(const Context& c, float* tile, int64_t ld, int64_t rows, in
     c.plan.kernels->scores(tile + r * ld, bias, n, float(o.logit_scale), float(o.softcap));
 }
 
+// Plan::stash_scores: the columns [j0, j1) of the vocab-outer chunk that
+// holds tile t.
+struct ChunkCols {
+  int64_t j0, j1;
+};
+ChunkCols chunk_of(const Plan& plan, int64_t t) {
+  const int64_t j0 = t / plan.chunk_tiles * plan.chunk_tiles * kVocabTile;
+  return {j0, std::min(j0 + plan.chunk_tiles * kVocabTile, plan.d.v)};
+}
+
+// Rows 0 .. rows of tile t (n columns from j0), `ld` floats apart at `tile`,
+// to the stash rows from `row0` on, or back from them.
+void stash_tile(const Context& c, float* tile, int64_t ld, int64_t row0, int64_t rows, int64_t t,
+                bool back) {
+  const int64_t j0 = t * kVocabTile, n = tile_width(c.plan, t);
+  const ChunkCols ch = chunk_of(c.plan, t);
+  for (int64_t r = 0; r < rows; ++r) {
+    char* at = stash_at(c.plan, c.p, row0 + r, j0, ch.j0, ch.j1);
+    if (back)
+      std::memcpy(tile + r * ld, at, size_t(n) * 4);
+    else
+      std::memcpy(at, tile + r * ld, size_t(n) * 4);
+  }
+}
+
 }  // namespace
 
 void scores_and_states(const Context& c, int64_t i0, int64_t rows) {
@@ -85,6 +110,7 @@ void scores_and_states(const Context& c, int64_t i0, int64_t rows) {
       logits_gemm(c, plan.tile_scores ? plan.row_block : rows, j0, n, tile, ld);
     }
     scores_in_place(c, tile, ld, rows, j0, n);
+    if (plan.stash_scores) stash_tile(c, tile, ld, c.piece_row0, rows, t, /*back=*/false);
     const float* class_w = c.ws.class_w ? c.ws.class_w + j0 : nullptr;
     for (int64_t r = 0; r < rows; ++r) {
       float* s = tile + r * ld;
@@ -517,11 +543,20 @@ void grad_vocab_chunk(const Context& c, int64_t i0, int64_t rows, int64_t t0, in
   const Plan& plan = c.plan;
   const ScoreBlock blk{c.ws.scores, plan.scores_ld, t0 * kVocabTile};
   if (t0 == 0) load_grad_rows(c, i0, rows);
+  // The whole chunk first: a grad_W written in place may reach over the
+  // stash of this chunk's later tiles (never of a later chunk's).
+  if (plan.stash_scores) {
+#pragma omp parallel for num_threads(plan.threads) schedule(static)
+    for (int64_t t = t0; t < t1; ++t)
+      stash_tile(c, blk.at(0, t * kVocabTile), blk.ld, 0, rows, t, /*back=*/true);
+  }
 #pragma omp parallel for num_threads(plan.threads) schedule(static)
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t j0 = t * kVocabTile, n = tile_width(plan, t);
-    logits_gemm(c, rows, j0, n, blk.at(0, j0), blk.ld);
-    scores_in_place(c, blk.at(0, j0), blk.ld, rows, j0, n);
+    if (!plan.stash_scores) {
+      logits_gemm(c, rows, j0, n, blk.at(0, j0), blk.ld);
+      scores_in_place(c, blk.at(0, j0), blk.ld, rows, j0, n);
+    }
     tile_grads(c, blk, i0, rows, t);
   }
   if (!c.p.grad_x.present()) return;

@@ -18,10 +18,12 @@ struct Context {
   double class_sum;  // C = sum_j c_j
   double denom;      // D = sum over non-ignored i of t_i c_{y_i}
   RunStats* stats;   // the gradient filter's block counts
+  int64_t piece_row0 = 0;  // a forward piece's first row in its super-block (Plan::stash_scores)
 };
 
 // Loads the block's x rows; scores s = softcap(a (x W^T + b)) into ws.scores
-// (one GEMM per vocab tile) and each (row, tile)'s softmax state.
+// (one GEMM per vocab tile) and each (row, tile)'s softmax state; a forward
+// piece of a stashing plan also copies them to the stash (Plan::stash_scores).
 void scores_and_states(const Context& c, int64_t i0, int64_t rows);
 
 // Merges each row's tile states in tile order into RowInfo and, for the
@@ -43,7 +45,8 @@ void grad_logits_and_weights(const Context& c, int64_t i0, int64_t rows);
 void grad_hidden(const Context& c, int64_t i0, int64_t rows);
 
 // Vocab outer (Plan): for the super-block's rows, whose RowInfo merge_rows
-// has set, the logits of tiles t0 .. t1 computed again and turned into G,
+// has set, the logits of tiles t0 .. t1 computed again (or copied back from
+// the stash) and turned into G,
 // each tile's grad_W and grad_bias added, and G W of the chunk added to
 // ws.grad_x_block (written by the first chunk).
 void grad_vocab_chunk(const Context& c, int64_t i0, int64_t rows, int64_t t0, int64_t t1);
