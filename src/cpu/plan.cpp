@@ -223,8 +223,13 @@ Plan make_plan(const Problem& p, Pass pass, const RunConfig& config) {
   plan.grad_w_in_place = p.grad_w.present() && p.grad_w.dtype == Dtype::f32 && p.grad_w.stride[1] == 1;
 
   const bool grads = pass != Pass::forward && (p.grad_x.present() || p.grad_w.present());
-  const bool has_gemm_tn = plan.grad_gemm == Dtype::f32 ? plan.kernels->gemm_tn != nullptr
-                                                        : plan.kernels->gemm_tn_bf16 != nullptr;
+  // flce's short-k kernels beat the engines' grad_W products on AVX-512
+  // (steps.cpp, grad_w_gemm), but not a matrix unit: on a 2-core Xeon with
+  // AMX (bench/gemm_engines.cpp, [512, H] tiles, H = 768 and 4096, k = 192
+  // and 496) oneDNN's bf16 ran 850-1150 GFLOP/s, gemm_tn_bf16 207-217.
+  const bool has_gemm_tn = plan.grad_gemm == Dtype::f32
+                               ? plan.kernels->gemm_tn != nullptr
+                               : plan.kernels->gemm_tn_bf16 != nullptr && !plan.gemm->bf16_on_matrix_unit();
   plan.grad_w_gemm_tn = pass != Pass::forward && p.grad_w.present() && !plan.d.logits_entry && has_gemm_tn;
   plan.filter_eps = filter_eps_for(p.options, plan.storage);
   plan.filter = grads && !plan.d.logits_entry && plan.filter_eps > 0 &&

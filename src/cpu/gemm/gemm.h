@@ -55,6 +55,11 @@ class GemmEngine {
   // Whether run() accepts A and B of this dtype natively. Only f32 and bf16
   // are ever asked; for an engine without bf16 the caller converts to f32.
   virtual bool supports(Dtype ab_dtype) const = 0;
+  // Whether its bf16 products run on a matrix unit (Intel AMX): then they
+  // are several times faster than any AVX-512 kernel of flce's own, short
+  // k included, and the cpu backend gives them every bf16 product
+  // (Plan::grad_w_gemm_tn).
+  virtual bool bf16_on_matrix_unit() const { return false; }
   // Runs on the calling thread only (no threads of its own, also when called
   // outside any OpenMP parallel region), and is safe to call concurrently
   // from several threads with different C. The same call gives bitwise the

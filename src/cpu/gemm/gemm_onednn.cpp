@@ -233,9 +233,9 @@ ThreadState& thread_state() {
   return state;
 }
 
-// Whether oneDNN has a real (not reference) bf16 kernel on this CPU, judged
-// on a logits-tile shape.
-bool probe_bf16() {
+// oneDNN's implementation name for a bf16 logits-tile shape ("" if it
+// has none), e.g. "brg:avx512_core_amx_bf16".
+std::string probe_bf16_impl() {
   try {
     OneOmpThread one;
     GemmArgs g;
@@ -247,12 +247,19 @@ bool probe_bf16() {
     g.ldb = 128;
     g.trans_b = true;
     g.ldc = 256;
-    auto plan = build_plan(g);
-    return plan->impl.rfind("ref", 0) != 0;
+    return build_plan(g)->impl;
   } catch (const dnnl::error&) {
-    return false;
+    return "";
   }
 }
+
+const std::string& bf16_impl() {
+  static const std::string impl = probe_bf16_impl();
+  return impl;
+}
+
+// Whether oneDNN has a real (not reference) bf16 kernel on this CPU.
+bool probe_bf16() { return !bf16_impl().empty() && bf16_impl().rfind("ref", 0) != 0; }
 
 class OneDnnEngine final : public GemmEngine {
  public:
@@ -287,6 +294,12 @@ class OneDnnEngine final : public GemmEngine {
     if (ab_dtype != Dtype::bf16) return false;
     static const bool bf16 = probe_bf16();
     return bf16;
+  }
+
+  // oneDNN picks AMX where the CPU and the kernel grant the tiles (and
+  // ONEDNN_MAX_CPU_ISA allows it); its implementation name says so.
+  bool bf16_on_matrix_unit() const override {
+    return supports(Dtype::bf16) && bf16_impl().find("amx") != std::string::npos;
   }
 
   void run(const GemmArgs& g) const override {
