@@ -277,7 +277,7 @@ Plan make_plan(const Problem& p, Pass pass, const RunConfig& config) {
 namespace {
 
 // Sizes in bytes of each workspace piece, in carve order.
-constexpr int kPieces = 21;
+constexpr int kPieces = 22;
 struct Sizes {
   size_t bytes[kPieces] = {};
 };
@@ -316,6 +316,9 @@ Sizes sizes_of(const Plan& plan, const Problem& p) {
   s.bytes[18] = plan.grad_x_vocab_split ? size_t(kGradXTasks * R * H) * 4 : 0;
   s.bytes[19] = plan.packed_scores ? size_t(plan.threads) * size_t(R * kVocabTile) * 4 : 0;
   s.bytes[20] = plan.packed_scores ? size_t(R * plan.tiles) * 4 : 0;
+  s.bytes[21] = grads && p.grad_w.present() && plan.grad_gemm == Dtype::bf16 && !plan.d.logits_entry
+                    ? size_t(plan.threads) * size_t(R * kVocabTile) * 2
+                    : 0;
   return s;
 }
 
@@ -360,6 +363,7 @@ Workspace carve_workspace(const Plan& plan, const Problem& p, void* base) {
   w.grad_x_parts = static_cast<float*>(piece[18]);
   w.packed_tiles = static_cast<float*>(piece[19]);
   w.score_refs = static_cast<float*>(piece[20]);
+  w.g16_tiles = static_cast<uint16_t*>(piece[21]);
   return w;
 }
 

@@ -220,6 +220,9 @@ struct Workspace {
   float* label_score = nullptr;       // [max(R, kMaxRowBlock)]: s_{i y_i} (Plan::label_scores_aside)
   float* packed_tiles = nullptr;      // [threads, R, kVocabTile]: a tile's f32 scores (Plan::packed_scores)
   float* score_refs = nullptr;        // [R, tiles]: ref of each (row, tile)'s codes (Plan::packed_scores)
+  // [threads, R, kVocabTile]: a copy of the tile's bf16 G, rows kVocabTile
+  // apart, for its grad_W GEMM (bf16 gradient GEMMs; steps.cpp, tile_grads).
+  uint16_t* g16_tiles = nullptr;
   void* x_block = nullptr;            // [R, H] in logits_gemm dtype (vocab outer: R up to whole pieces)
   void* x_block_grad = nullptr;       // [R, H] in grad_gemm dtype, when it differs
   void* w_scratch = nullptr;          // [threads, T, H] converted W pieces

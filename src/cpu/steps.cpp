@@ -310,19 +310,14 @@ void add_uniform_rows(const Context& c, int64_t i0, int64_t rows) {
   }
 }
 
-// grad_W rows j0 .. j0+n (+)= G_t^T X_block.
-void grad_w_gemm(const Context& c, const ScoreBlock& blk, int64_t rows, int64_t j0, int64_t n) {
+// grad_W rows j0 .. j0+n (+)= G_t^T X_block, G_t [rows, n] at G, rows ldg
+// elements apart, in the gradient GEMMs' dtype.
+void grad_w_gemm(const Context& c, const void* G, int64_t ldg, int64_t rows, int64_t j0, int64_t n) {
   const Plan& plan = c.plan;
   const int64_t H = plan.d.h;
   GemmArgs g{};
   g.ab_dtype = plan.grad_gemm;
   const bool bf16 = plan.grad_gemm == Dtype::bf16;
-  // bf16 G: by rows where packed, else still tile by tile (compaction, if
-  // any, comes after every grad_W GEMM).
-  const void* G = !bf16                ? static_cast<const void*>(blk.at(0, j0))
-                  : plan.packed_scores ? static_cast<const void*>(blk.bf16_rows(0, j0))
-                                       : static_cast<const void*>(blk.bf16_tile(0, j0));
-  const int64_t ldg = bf16 ? 2 * blk.ld : blk.ld;
   const bool hv_direct = plan.grad_w_in_place && c.p.w_layout == WeightLayout::hv;
   if (hv_direct) {  // grad_W^T [H, n] += X_block^T [H, rows] G_t [rows, n]
     g.m = H, g.n = n, g.k = rows;
@@ -366,15 +361,27 @@ void grad_w_gemm(const Context& c, const ScoreBlock& blk, int64_t rows, int64_t 
   plan.gemm->run(g);
 }
 
+// The thread's [R, kVocabTile] buffer for a copy of a tile's bf16 G
+// (Workspace::g16_tiles), or null where G is not bf16 or there is no grad_W.
+uint16_t* thread_g16_tile(const Context& c) {
+  if (!c.ws.g16_tiles) return nullptr;
+  return c.ws.g16_tiles + int64_t(omp_get_thread_num()) * c.plan.row_block * kVocabTile;
+}
+
 // Tile t of the block's scores becomes G in place (grad_logits written,
 // the filter's verdict in ws.kept); its share of grad_bias and grad_W added.
 // Packed scores (Plan::packed_scores) are read back a row at a time into
-// f32, and the row's G goes back over its codes in bf16.
+// f32, and the row's G goes back over its codes in bf16. bf16 G goes to
+// grad_W's GEMM from a compact copy of the tile: with G's rows a block row
+// apart (V or a chunk), AMX's bf16 grad_W product ran at about 620 GFLOP/s
+// in the S1 step and 1150 on rows kVocabTile apart (bench/gemm_engines.cpp);
+// grad_W's GEMM time in the S1 step went from 0.51 to 0.33 s a thread.
 void tile_grads(const Context& c, const ScoreBlock& blk, int64_t i0, int64_t rows, int64_t t) {
   const Plan& plan = c.plan;
   const Problem& p = c.p;
   const int64_t j0 = t * kVocabTile, n = tile_width(plan, t);
   alignas(64) float unpacked[kVocabTile];
+  uint16_t* const g16 = thread_g16_tile(c);
   bool keep = !plan.filter;  // the filter keeps the tile if any row needs it
   for (int64_t r = 0; r < rows; ++r) {
     float* g = plan.packed_scores ? unpacked : blk.at(r, j0);
@@ -386,13 +393,24 @@ void tile_grads(const Context& c, const ScoreBlock& blk, int64_t i0, int64_t row
       for (int64_t j = 0; j < n; ++j) store(p.grad_logits, i0 + r, j0 + j, g[j]);
     if (c.ws.grad_b_acc)  // rows in order, as every other sum
       for (int64_t j = 0; j < n; ++j) c.ws.grad_b_acc[j0 + j] += g[j];
-    if (plan.packed_scores) f32_to_bf16_bits(g, n, blk.codes(r, j0));
+    if (plan.packed_scores) {  // over the codes, and to the copy for grad_W
+      uint16_t* g_row = g16 ? g16 + r * kVocabTile : blk.codes(r, j0);
+      f32_to_bf16_bits(g, n, g_row);
+      if (g16) std::memcpy(blk.codes(r, j0), g_row, size_t(n) * 2);
+    }
   }
   if (plan.filter) c.ws.kept[t] = keep;
   const bool gemms = !plan.d.logits_entry && keep;
   if (gemms && plan.grad_gemm == Dtype::bf16 && !plan.packed_scores)  // G to bf16 in place (Workspace::scores)
-    for (int64_t r = 0; r < rows; ++r) f32_to_bf16_in_place(blk.at(r, j0), n);
-  if (p.grad_w.present() && gemms) grad_w_gemm(c, blk, rows, j0, n);
+    for (int64_t r = 0; r < rows; ++r) {
+      f32_to_bf16_in_place(blk.at(r, j0), n);
+      if (g16) std::memcpy(g16 + r * kVocabTile, blk.bf16_tile(r, j0), size_t(n) * 2);
+    }
+  if (!p.grad_w.present() || !gemms) return;
+  if (g16)
+    grad_w_gemm(c, g16, kVocabTile, rows, j0, n);
+  else
+    grad_w_gemm(c, blk.at(0, j0), blk.ld, rows, j0, n);
 }
 
 // Moves each row's bf16 G tiles t0+1 .. t1 left, next to tile t0's
