@@ -319,6 +319,59 @@ TEST(GemmAccuracy, OtherBeta) {
   }
 }
 
+// B packed once (GemmEngine::pack_b) for grad_W's tile products: A^T with
+// lda = m, as the cpu backend calls them (Workspace::g16_tiles). Where an
+// engine packs a shape, the packed call must give the plain call's bits (it
+// only reorders B) and stay within the bound; f32 is never packed.
+TEST(GemmPackedB, SameBitsAsPlainCalls) {
+  struct Shape {
+    int64_t m, n, k;
+  };
+  const Shape shapes[] = {{512, 768, 496}, {512, 100, 33}, {512, 256, 1024}, {64, 300, 17}};
+  int packed_calls = 0;
+  uint64_t seed = 4000;
+  for (const GemmEngine* e : flce::cpu::gemm_engines()) {
+    if (!e->supports(Dtype::bf16)) continue;
+    for (const Shape& s : shapes)
+      for (float beta : {0.0f, 1.0f}) {
+        Problem p = make_problem(s.m, s.n, s.k, true, false, beta, Dtype::bf16, seed++);
+        std::mt19937_64 rng(seed);
+        p.a = make_stored(s.k, s.m, 0, Dtype::bf16, rng);  // lda = m, as the backend's tiles
+        GemmArgs f32_shape = p.args(nullptr);
+        f32_shape.ab_dtype = Dtype::f32;
+        EXPECT_EQ(e->packed_b_bytes(f32_shape), 0u) << describe(e, p);
+        std::vector<float> plain = p.c0, packed = p.c0;
+        GemmArgs g = p.args(plain.data());
+        const size_t bytes = e->packed_b_bytes(g);
+        if (bytes == 0) continue;
+        e->run(g);
+        std::vector<uint16_t> b(bytes / 2 + 1);
+        e->pack_b(g, b.data());
+        g.c = packed.data();
+        g.b = b.data();
+        g.b_packed = true;
+        e->run(g);
+        ++packed_calls;
+        EXPECT_EQ(check_result(p, reference(p), packed, describe(e, p) + " packed B"), 0);
+        EXPECT_EQ(0, std::memcmp(plain.data(), packed.data(), plain.size() * 4)) << describe(e, p);
+      }
+  }
+  if (packed_calls == 0)
+    GTEST_SKIP() << "no engine packs B on this machine (oneDNN does with AMX: "
+                    "GemmEngine::bf16_on_matrix_unit)";
+}
+
+// An engine that does not pack says so rather than running a packed call.
+TEST(GemmPackedB, EnginesThatDoNotPackRefuse) {
+  for (const GemmEngine* e : flce::cpu::gemm_engines()) {
+    Problem p = make_problem(64, 32, 16, true, false, 0.0f, Dtype::f32, 99);
+    std::vector<float> c = p.c0;
+    GemmArgs g = p.args(c.data());
+    std::vector<float> packed(64 * 64);
+    if (e->packed_b_bytes(g) == 0) EXPECT_THROW(e->pack_b(g, packed.data()), std::invalid_argument) << e->name();
+  }
+}
+
 // k == 0: C = beta * C (zeros for beta == 0, even over NaN); m == 0 or n == 0:
 // C untouched.
 TEST(GemmDegenerate, EmptySizes) {

@@ -271,13 +271,28 @@ Plan make_plan(const Problem& p, Pass pass, const RunConfig& config) {
                          dense(p.grad_x) && !plan.filter_uniform;
   plan.compact_bf16_g = plan.grad_gemm == Dtype::bf16 && pass != Pass::forward && p.grad_x.present() &&
                         !plan.d.logits_entry && !plan.grad_x_vocab_split && !plan.packed_scores;
+  plan.grad_w_packed_x = grads && p.grad_w.present() && !plan.d.logits_entry &&
+                         plan.grad_gemm == Dtype::bf16 && !plan.grad_w_gemm_tn &&
+                         !(plan.grad_w_in_place && p.w_layout == WeightLayout::hv) &&
+                         plan.gemm->packed_b_bytes(grad_w_tile_args(plan, p, plan.row_block, kVocabTile)) > 0;
   return plan;
+}
+
+GemmArgs grad_w_tile_args(const Plan& plan, const Problem& p, int64_t rows, int64_t n) {
+  GemmArgs g{};
+  g.ab_dtype = plan.grad_gemm;
+  g.m = n, g.n = plan.d.h, g.k = rows;
+  g.lda = kVocabTile, g.trans_a = true;
+  g.ldb = plan.d.h, g.trans_b = false;
+  g.ldc = plan.grad_w_in_place ? p.grad_w.stride[0] : plan.d.h;
+  g.b_packed = plan.grad_w_packed_x && rows == plan.row_block && n == kVocabTile;
+  return g;
 }
 
 namespace {
 
 // Sizes in bytes of each workspace piece, in carve order.
-constexpr int kPieces = 22;
+constexpr int kPieces = 23;
 struct Sizes {
   size_t bytes[kPieces] = {};
 };
@@ -319,6 +334,7 @@ Sizes sizes_of(const Plan& plan, const Problem& p) {
   s.bytes[21] = grads && p.grad_w.present() && plan.grad_gemm == Dtype::bf16 && !plan.d.logits_entry
                     ? size_t(plan.threads) * size_t(R * kVocabTile) * 2
                     : 0;
+  s.bytes[22] = plan.grad_w_packed_x ? plan.gemm->packed_b_bytes(grad_w_tile_args(plan, p, R, kVocabTile)) : 0;
   return s;
 }
 
@@ -364,6 +380,7 @@ Workspace carve_workspace(const Plan& plan, const Problem& p, void* base) {
   w.packed_tiles = static_cast<float*>(piece[19]);
   w.score_refs = static_cast<float*>(piece[20]);
   w.g16_tiles = static_cast<uint16_t*>(piece[21]);
+  w.x_packed = piece[22];
   return w;
 }
 

@@ -159,6 +159,12 @@ struct Plan {
   // gemm_tn_bf16 (bf16 G) where it has one, each thread with its own packing
   // scratch in the workspace.
   bool grad_w_gemm_tn = false;
+  // Otherwise, with bf16 G in the [V, H] form: each full row block's x rows
+  // are packed once for the engine (GemmEngine::pack_b, into
+  // Workspace::x_packed) and every whole tile's grad_W product reads them so
+  // (grad_w_tile_args), where the engine packs for that shape (oneDNN on
+  // AMX). The bits are the same: packing only reorders B.
+  bool grad_w_packed_x = false;
   // Gradient filtering (README): on for the head entry's gradient passes
   // when filter_eps > 0, except with a softcap and label smoothing together
   // (there the smoothing's uniform term of G is not rank one, see below).
@@ -178,6 +184,13 @@ struct Plan {
   // are gone (tile_scores) or packed by the time merge_rows reads it.
   bool label_scores_aside() const { return tile_scores || packed_scores; }
 };
+
+// The grad_W product of a tile of n classes and a block of `rows` rows in
+// the [V, H] form, grad_W [n, H] (+)= G_t^T [n, rows] X_block [rows, H],
+// with G_t's rows kVocabTile apart (Workspace::g16_tiles) and without its
+// pointers and beta. Where the plan packs x (Plan::grad_w_packed_x), a full
+// block's whole tiles read it packed.
+GemmArgs grad_w_tile_args(const Plan& plan, const Problem& p, int64_t rows, int64_t n);
 
 // "" or an error naming a malformed FLCE_CPU_SCORE_MIB.
 std::string check_tuning_env();
@@ -223,6 +236,7 @@ struct Workspace {
   // [threads, R, kVocabTile]: a copy of the tile's bf16 G, rows kVocabTile
   // apart, for its grad_W GEMM (bf16 gradient GEMMs; steps.cpp, tile_grads).
   uint16_t* g16_tiles = nullptr;
+  void* x_packed = nullptr;           // x_block_grad packed for the engine (Plan::grad_w_packed_x)
   void* x_block = nullptr;            // [R, H] in logits_gemm dtype (vocab outer: R up to whole pieces)
   void* x_block_grad = nullptr;       // [R, H] in grad_gemm dtype, when it differs
   void* w_scratch = nullptr;          // [threads, T, H] converted W pieces

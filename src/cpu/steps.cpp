@@ -334,6 +334,9 @@ void grad_w_gemm(const Context& c, const void* G, int64_t ldg, int64_t rows, int
     } else {
       g.c = c.ws.grad_w_acc + j0 * H, g.ldc = H;
     }
+    // bf16 G is the tile's compact copy (lda kVocabTile), the shape
+    // grad_w_tile_args describes: x packed where the plan packs it.
+    if (bf16 && grad_w_tile_args(plan, c.p, rows, n).b_packed) g.b = c.ws.x_packed, g.b_packed = true;
   }
   // The tile's first GEMM writes its rows, no zeroing pass over grad_W first
   // (a fresh gradient buffer is then touched once, by its tile's owner).
@@ -428,10 +431,17 @@ void compact_bf16_rows(const Context& c, const ScoreBlock& blk, int64_t rows, in
   }
 }
 
-// The x rows in the gradient GEMMs' dtype, where it differs from the logits'.
+// The x rows in the gradient GEMMs' dtype, where it differs from the
+// logits'; and packed for grad_W's products (Plan::grad_w_packed_x).
 void load_grad_rows(const Context& c, int64_t i0, int64_t rows) {
-  if (!c.plan.d.logits_entry && c.plan.grad_gemm != c.plan.logits_gemm)
-    load_rows(c.p.x, i0, rows, c.plan.grad_gemm, c.ws.x_block_grad);
+  const Plan& plan = c.plan;
+  if (!plan.d.logits_entry && plan.grad_gemm != plan.logits_gemm)
+    load_rows(c.p.x, i0, rows, plan.grad_gemm, c.ws.x_block_grad);
+  GemmArgs g = grad_w_tile_args(plan, c.p, rows, kVocabTile);
+  if (!g.b_packed) return;
+  g.b_packed = false;  // what pack_b reads: the plain rows
+  g.b = c.ws.x_block_grad;
+  plan.gemm->pack_b(g, c.ws.x_packed);
 }
 
 }  // namespace

@@ -134,6 +134,10 @@ const GemmEngine* default_gemm_engine(Dtype ab_dtype) {
   return nullptr;
 }
 
+void GemmEngine::pack_b(const GemmArgs&, void*) const {
+  throw std::invalid_argument(std::string("gemm engine ") + name() + " does not pack B");
+}
+
 namespace gemm_detail {
 
 namespace {
@@ -143,6 +147,7 @@ namespace {
 }  // namespace
 
 void check_args(const GemmArgs& g, const char* engine) {
+  if (g.b_packed && g.ab_dtype != Dtype::bf16) fail(engine, "only bf16 B is packed");
   if (g.m < 0 || g.n < 0 || g.k < 0)
     fail(engine, "negative size m=" + std::to_string(g.m) + " n=" + std::to_string(g.n) +
                      " k=" + std::to_string(g.k));

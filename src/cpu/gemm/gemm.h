@@ -42,6 +42,9 @@ struct GemmArgs {
   float* c = nullptr;
   int64_t ldc = 0;
   float beta = 0.0f;
+  // b holds B as GemmEngine::pack_b wrote it for calls of this shape (ldb
+  // and trans_b then describe the B that was packed), not a plain matrix.
+  bool b_packed = false;
 };
 
 class GemmEngine {
@@ -60,6 +63,14 @@ class GemmEngine {
   // k included, and the cpu backend gives them every bf16 product
   // (Plan::grad_w_gemm_tn).
   virtual bool bf16_on_matrix_unit() const { return false; }
+  // B packed once for many products that share it (grad_W's x block, the B
+  // of every vocab tile's product): a library that first reorders B into a
+  // layout of its own (oneDNN's blocked pairs for AMX) does it once, not in
+  // every call. packed_b_bytes is the size of B packed for calls of the
+  // shape of `g` (every field but the pointers and beta), or 0 where the
+  // engine does not pack for that shape; pack_b writes g.b there.
+  virtual size_t packed_b_bytes(const GemmArgs& g) const { return 0; }
+  virtual void pack_b(const GemmArgs& g, void* packed) const;
   // Runs on the calling thread only (no threads of its own, also when called
   // outside any OpenMP parallel region), and is safe to call concurrently
   // from several threads with different C. The same call gives bitwise the
