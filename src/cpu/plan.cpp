@@ -331,7 +331,9 @@ Sizes sizes_of(const Plan& plan, const Problem& p) {
   s.bytes[18] = plan.grad_x_vocab_split ? size_t(kGradXTasks * R * H) * 4 : 0;
   s.bytes[19] = plan.packed_scores ? size_t(plan.threads) * size_t(R * kVocabTile) * 4 : 0;
   s.bytes[20] = plan.packed_scores ? size_t(R * plan.tiles) * 4 : 0;
-  s.bytes[21] = grads && p.grad_w.present() && plan.grad_gemm == Dtype::bf16 && !plan.d.logits_entry
+  // (With packed scores, the f32 tiles of piece 19 serve: free by then.)
+  s.bytes[21] = grads && p.grad_w.present() && plan.grad_gemm == Dtype::bf16 && !plan.d.logits_entry &&
+                        !plan.packed_scores
                     ? size_t(plan.threads) * size_t(R * kVocabTile) * 2
                     : 0;
   s.bytes[22] = plan.grad_w_packed_x ? plan.gemm->packed_b_bytes(grad_w_tile_args(plan, p, R, kVocabTile)) : 0;
@@ -380,6 +382,7 @@ Workspace carve_workspace(const Plan& plan, const Problem& p, void* base) {
   w.packed_tiles = static_cast<float*>(piece[19]);
   w.score_refs = static_cast<float*>(piece[20]);
   w.g16_tiles = static_cast<uint16_t*>(piece[21]);
+  if (plan.packed_scores && p.grad_w.present()) w.g16_tiles = static_cast<uint16_t*>(piece[19]);
   w.x_packed = piece[22];
   return w;
 }

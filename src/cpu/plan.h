@@ -235,6 +235,8 @@ struct Workspace {
   float* score_refs = nullptr;        // [R, tiles]: ref of each (row, tile)'s codes (Plan::packed_scores)
   // [threads, R, kVocabTile]: a copy of the tile's bf16 G, rows kVocabTile
   // apart, for its grad_W GEMM (bf16 gradient GEMMs; steps.cpp, tile_grads).
+  // With Plan::packed_scores, in packed_tiles, whose f32 tiles are done with
+  // by the gradient pass.
   uint16_t* g16_tiles = nullptr;
   void* x_packed = nullptr;           // x_block_grad packed for the engine (Plan::grad_w_packed_x)
   void* x_block = nullptr;            // [R, H] in logits_gemm dtype (vocab outer: R up to whole pieces)
