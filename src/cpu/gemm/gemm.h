@@ -69,7 +69,7 @@ class GemmEngine {
   // every call. packed_b_bytes is the size of B packed for calls of the
   // shape of `g` (every field but the pointers and beta), or 0 where the
   // engine does not pack for that shape; pack_b writes g.b there.
-  virtual size_t packed_b_bytes(const GemmArgs& g) const { return 0; }
+  virtual size_t packed_b_bytes(const GemmArgs& /*g*/) const { return 0; }
   virtual void pack_b(const GemmArgs& g, void* packed) const;
   // Runs on the calling thread only (no threads of its own, also when called
   // outside any OpenMP parallel region), and is safe to call concurrently

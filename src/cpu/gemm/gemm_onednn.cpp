@@ -172,12 +172,29 @@ memory::desc packed_b_md(const GemmArgs& g) {
   return packed;
 }
 
+// packed_b_md, asked once per shape (each asks oneDNN for three primitive
+// descriptors, and the backend asks for every row block).
+memory::desc cached_packed_b_md(const GemmArgs& g) {
+  static std::mutex mutex;
+  static auto* layouts = new std::unordered_map<Key, memory::desc, KeyHash>;  // never destroyed
+  GemmArgs shape = g;
+  shape.beta = 0.0f, shape.b_packed = true;
+  const Key key = make_key(shape);
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = layouts->find(key);
+  if (it == layouts->end()) {
+    if (layouts->size() >= 4096) layouts->clear();
+    it = layouts->emplace(key, packed_b_md(shape)).first;
+  }
+  return it->second;
+}
+
 // Builds the plan; the caller holds a OneOmpThread.
 std::shared_ptr<const Plan> build_plan(const GemmArgs& g) {
   auto plan = std::make_shared<Plan>();
   memory::data_type ab = dnnl_type(g.ab_dtype);
   plan->a_md = matrix_md(g.m, g.k, g.lda, g.trans_a, ab);
-  plan->b_md = g.b_packed ? packed_b_md(g) : matrix_md(g.k, g.n, g.ldb, g.trans_b, ab);
+  plan->b_md = g.b_packed ? cached_packed_b_md(g) : matrix_md(g.k, g.n, g.ldb, g.trans_b, ab);
   if (plan->b_md.is_zero())
     throw std::invalid_argument("gemm engine onednn: B packed for a shape it does not pack");
   plan->c_md = matrix_md(g.m, g.n, g.ldc, false, memory::data_type::f32);
@@ -345,7 +362,7 @@ class OneDnnEngine final : public GemmEngine {
     if (g.ab_dtype != Dtype::bf16 || !bf16_on_matrix_unit() || g.m == 0 || g.n == 0 || g.k == 0) return 0;
     OneOmpThread one;
     try {
-      return packed_b_md(g).get_size();
+      return cached_packed_b_md(g).get_size();
     } catch (const dnnl::error&) {
       return 0;
     }
@@ -357,7 +374,7 @@ class OneDnnEngine final : public GemmEngine {
     OneOmpThread one;
     const memory::data_type ab = dnnl_type(g.ab_dtype);
     memory src(matrix_md(g.k, g.n, g.ldb, g.trans_b, ab), cpu_engine(), const_cast<void*>(g.b));
-    memory dst(packed_b_md(g), cpu_engine(), packed);
+    memory dst(cached_packed_b_md(g), cpu_engine(), packed);
     dnnl::stream stream(cpu_engine());
     dnnl::reorder(src, dst).execute(stream, src, dst);
     stream.wait();
