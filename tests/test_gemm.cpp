@@ -368,7 +368,9 @@ TEST(GemmPackedB, EnginesThatDoNotPackRefuse) {
     std::vector<float> c = p.c0;
     GemmArgs g = p.args(c.data());
     std::vector<float> packed(64 * 64);
-    if (e->packed_b_bytes(g) == 0) EXPECT_THROW(e->pack_b(g, packed.data()), std::invalid_argument) << e->name();
+    if (e->packed_b_bytes(g) == 0) {
+      EXPECT_THROW(e->pack_b(g, packed.data()), std::invalid_argument) << e->name();
+    }
   }
 }
 
