@@ -157,7 +157,8 @@ struct Plan {
   bool grad_x_in_place = false;
   // grad_W's products run through the kernel set's gemm_tn (f32) or
   // gemm_tn_bf16 (bf16 G) where it has one, each thread with its own packing
-  // scratch in the workspace.
+  // scratch in the workspace; bf16 G not where the engine's bf16 runs on a
+  // matrix unit (GemmEngine::bf16_on_matrix_unit), which is faster.
   bool grad_w_gemm_tn = false;
   // Otherwise, with bf16 G in the [V, H] form: each full row block's x rows
   // are packed once for the engine (GemmEngine::pack_b, into

@@ -325,18 +325,13 @@ void grad_w_gemm(const Context& c, const void* G, int64_t ldg, int64_t rows, int
     g.b = G, g.ldb = ldg, g.trans_b = false;
     g.c = static_cast<float*>(c.p.grad_w.data) + j0, g.ldc = c.p.grad_w.stride[0];
   } else {  // grad_W [n, H] += G_t^T [n, rows] X_block [rows, H]
-    g.m = n, g.n = H, g.k = rows;
-    g.a = G, g.lda = ldg, g.trans_a = true;
-    g.b = c.ws.x_block_grad, g.ldb = H, g.trans_b = false;
-    if (plan.grad_w_in_place) {
-      g.c = static_cast<float*>(c.p.grad_w.data) + j0 * c.p.grad_w.stride[0];
-      g.ldc = c.p.grad_w.stride[0];
-    } else {
-      g.c = c.ws.grad_w_acc + j0 * H, g.ldc = H;
-    }
-    // bf16 G is the tile's compact copy (lda kVocabTile), the shape
-    // grad_w_tile_args describes: x packed where the plan packs it.
-    if (bf16 && grad_w_tile_args(plan, c.p, rows, n).b_packed) g.b = c.ws.x_packed, g.b_packed = true;
+    // The shape the plan packed x for (bf16 G is the tile's compact copy,
+    // lda kVocabTile; f32 G lies in the block, ldg apart).
+    g = grad_w_tile_args(plan, c.p, rows, n);
+    g.a = G, g.lda = ldg;
+    g.b = g.b_packed ? c.ws.x_packed : c.ws.x_block_grad;
+    g.c = plan.grad_w_in_place ? static_cast<float*>(c.p.grad_w.data) + j0 * c.p.grad_w.stride[0]
+                               : c.ws.grad_w_acc + j0 * H;
   }
   // The tile's first GEMM writes its rows, no zeroing pass over grad_W first
   // (a fresh gradient buffer is then touched once, by its tile's owner).
