@@ -366,6 +366,16 @@ uint16_t* thread_g16_tile(const Context& c) {
   return c.ws.g16_tiles + int64_t(omp_get_thread_num()) * c.plan.row_block * kVocabTile;
 }
 
+// A tile's rows of codes (Plan::packed_scores) lie a block row (2 V bytes)
+// apart, out of the hardware prefetcher's reach, so each row's first read
+// waited on memory; they are fetched kCodesAhead rows ahead instead. S1 bf16
+// step, side by side (flce bench, 2 threads, two alternations of 0, 1, 2, 4
+// and 8 rows ahead): 0.86-0.87 s with none, 0.79-0.80 s at 4.
+constexpr int64_t kCodesAhead = 4;
+void prefetch_codes(const uint16_t* codes, int64_t n) {
+  for (int64_t j = 0; j < n; j += 32) __builtin_prefetch(codes + j, /*rw=*/1);
+}
+
 // Tile t of the block's scores becomes G in place (grad_logits written,
 // the filter's verdict in ws.kept); its share of grad_bias and grad_W added.
 // Packed scores (Plan::packed_scores) are read back a row at a time into
@@ -383,6 +393,7 @@ void tile_grads(const Context& c, const ScoreBlock& blk, int64_t i0, int64_t row
   bool keep = !plan.filter;  // the filter keeps the tile if any row needs it
   for (int64_t r = 0; r < rows; ++r) {
     float* g = plan.packed_scores ? unpacked : blk.at(r, j0);
+    if (plan.packed_scores && r + kCodesAhead < rows) prefetch_codes(blk.codes(r + kCodesAhead, j0), n);
     if (plan.packed_scores)
       plan.kernels->unpack_scores(blk.codes(r, j0), n, c.ws.score_refs[r * plan.tiles + t], g);
     row_tile_grad(c, g, r, j0, n);
