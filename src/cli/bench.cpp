@@ -1,6 +1,6 @@
 // `flce bench`: a generated problem (cli/bench_problem.h) timed through the
-// public API, and the logits GEMM of the same shape timed in the same
-// process. The ratio is the pass's time over the GEMMs it cannot avoid: one
+// public API, and the logits GEMM of the same shape timed after each of its
+// repetitions (GemmTimes). The ratio is the pass's time over the GEMMs it cannot avoid: one
 // for fwd, three for bwd and step (logits, grad_x, grad_W, each 2NHV flops).
 // gemm_seconds is 0 when the engine has no native GEMM for the dtype.
 #include "cli/bench.h"
@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -63,11 +64,10 @@ Timing timing_of(std::vector<double> seconds) {  // at least one
 }
 
 // Median and minimum of `reps` timed calls after an optional warm-up (first
-// touch of buffers, GEMM primitive creation); `after_warmup` runs between.
-template <typename F, typename G = void (*)()>
-Timing time_reps(int reps, bool warmup, F&& f, G&& after_warmup = [] {}) {
+// touch of buffers, GEMM primitive creation).
+template <typename F>
+Timing time_reps(int reps, bool warmup, F&& f) {
   if (warmup) f();
-  after_warmup();
   std::vector<double> t;
   for (int r = 0; r < reps; ++r) {
     const double t0 = now();
@@ -77,8 +77,21 @@ Timing time_reps(int reps, bool warmup, F&& f, G&& after_warmup = [] {}) {
   return timing_of(std::move(t));
 }
 
-struct Setup;
-Timing gemm_timing(const Setup& s, const cpu::GemmEngine& engine, const BenchProblem& bp);
+// The reference GEMM's seconds, one timing after each of the pass's reps, so
+// that the two see the same machine: on a shared 2-core VM the GEMM timed
+// after all the reps measured 0.59-1.03 s from run to run at S1 bf16 while
+// the step moved 3%. Empty where the engine has no native GEMM.
+struct GemmTimes {
+  std::function<double()> time_once;  // null: no reference
+  std::vector<double> seconds;
+  void warm_up() const {
+    if (time_once) time_once();
+  }
+  void after_rep() {
+    if (time_once) seconds.push_back(time_once());
+  }
+  Timing timing() const { return seconds.empty() ? Timing{} : timing_of(seconds); }
+};
 
 struct Setup {
   int64_t n = 0, h = 0, v = 0;
@@ -129,16 +142,6 @@ Setup read_setup(const Args& args) {
   return s;
 }
 
-// The logits GEMM's own seconds (logits_gemm_seconds times the GEMM calls
-// only, not the allocation and first touch of its output buffer, which in a
-// VM cost as much as the GEMM at S3): median and minimum of reps.
-Timing gemm_timing(const Setup& s, const cpu::GemmEngine& engine, const BenchProblem& bp) {
-  if (s.warmup) logits_gemm_seconds(engine, bp, s.threads);
-  std::vector<double> t;
-  for (int r = 0; r < s.reps; ++r) t.push_back(logits_gemm_seconds(engine, bp, s.threads));
-  return timing_of(std::move(t));
-}
-
 // --filter-eps: the filtered pass against the same pass unfiltered, timed
 // alternately in this process, and the norm-wise relative difference of
 // their gradients, ||filtered - unfiltered||_2 / ||unfiltered||_2.
@@ -162,25 +165,43 @@ double relative_difference(const std::vector<double>& a, const std::vector<doubl
   return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
 }
 
+// The pass's reps, each followed by one reference GEMM (GemmTimes). The
+// peak memory is the first timed call's, taken before any GEMM's buffers.
+template <typename Run>
+Timing time_pass(const Setup& s, Run&& run, PeakMemory& peak, long* peak_extra, GemmTimes& gemm) {
+  if (s.warmup) run(), gemm.warm_up();
+  std::vector<double> t;
+  for (int rep = 0; rep < s.reps; ++rep) {
+    if (rep == 0) peak.reset();
+    const double t0 = now();
+    run();
+    t.push_back(now() - t0);
+    if (rep == 0) *peak_extra = peak.extra_bytes();
+    gemm.after_rep();
+  }
+  return timing_of(std::move(t));
+}
+
 template <typename Run>
 FilterReport compare_with_unfiltered(const Setup& s, const Problem& filtered, Run&& run,
-                                     PeakMemory& peak, Timing* t) {
+                                     PeakMemory& peak, GemmTimes& gemm, Timing* t) {
   Problem unfiltered = filtered;
   unfiltered.options.filter_eps = 0;
   FilterReport r;
   r.ran = true;
-  if (s.warmup) run(unfiltered), run(filtered);
-  peak.reset();
+  if (s.warmup) run(unfiltered), run(filtered), gemm.warm_up();
   std::vector<double> with, without;
   for (int rep = 0; rep < s.reps; ++rep) {
+    if (rep == 0) peak.reset();
     double t0 = now();
     run(unfiltered);
     without.push_back(now() - t0);
     t0 = now();
     run(filtered);
     with.push_back(now() - t0);
+    if (rep == 0) r.peak_extra = peak.extra_bytes();
+    gemm.after_rep();
   }
-  r.peak_extra = peak.extra_bytes();
   *t = timing_of(std::move(with));
   r.unfiltered = timing_of(std::move(without));
   const std::vector<double> gx = values_of(filtered.grad_x), gw = values_of(filtered.grad_w);
@@ -270,19 +291,21 @@ int run_bench(const Args& args) {
     st = call_pass(q, pass, s.config);
     if (!st.ok()) throw Failure{st.error};
   };
+  const cpu::GemmEngine* engine = bench_engine(s.dtype, s.config.gemm);
+  const bool native = engine->supports(s.dtype);
+  GemmTimes gemm;
+  if (native) gemm.time_once = [&] { return logits_gemm_seconds(*engine, bp, s.threads); };
   PeakMemory peak;
   Timing t;
   FilterReport filter;
+  long peak_extra = 0;
   if (s.options.filter_eps != 0 && pass != Pass::forward) {
-    filter = compare_with_unfiltered(s, p, run, peak, &t);
+    filter = compare_with_unfiltered(s, p, run, peak, gemm, &t);
+    peak_extra = filter.peak_extra;
   } else {
-    t = time_reps(s.reps, s.warmup, [&] { run(p); }, [&] { peak.reset(); });
+    t = time_pass(s, [&] { run(p); }, peak, &peak_extra, gemm);
   }
-  const long peak_extra = filter.ran ? filter.peak_extra : peak.extra_bytes();
-
-  const cpu::GemmEngine* engine = bench_engine(s.dtype, s.config.gemm);
-  const bool native = engine->supports(s.dtype);
-  const Timing g = native ? gemm_timing(s, *engine, bp) : Timing{};
+  const Timing g = gemm.timing();
   print_result(s, t, native ? g.median : 0.0, peak_extra, workspace, st, engine->name(),
                simd::best_kernels().isa, filter);
   return 0;
@@ -296,8 +319,9 @@ int bench_command(int argc, char** argv, int first) {
     check(args.parse(argc, argv, first, bench_flags()));
     if (args.has("help")) {
       std::printf("usage: flce bench --n N --h H --v V [options]\n\n"
-                  "Times a generated problem and, in the same run, its logits GEMM\n"
-                  "(gemm_seconds counts it once for fwd and three times for bwd and step).\n"
+                  "Times a generated problem and, after each repetition, its logits GEMM\n"
+                  "(gemm_seconds: the GEMM's median, counted once for fwd and three times\n"
+                  "for bwd and step).\n"
                   "With --filter-eps it also times the same pass unfiltered, alternating\n"
                   "the two, and reports the norm-wise relative differences of the gradients.\n"
                   "With --backend cuda the problem is copied to GPU 0 once, each call is\n"
