@@ -291,6 +291,16 @@ GemmArgs grad_w_tile_args(const Plan& plan, const Problem& p, int64_t rows, int6
 
 namespace {
 
+// Whether W's pieces go through Workspace::w_scratch: where its dtype is not
+// a GEMM's or its rows are strided (w_piece); otherwise the GEMMs read W in
+// place and the scratch ([threads, kVocabTile, H] floats, 16 MiB at S2 on
+// 2 threads) is not needed.
+bool w_converted(const Plan& plan, const Problem& p) {
+  if (plan.d.logits_entry) return false;
+  const bool grads = plan.pass != Pass::forward;
+  return p.w.stride[1] != 1 || p.w.dtype != plan.logits_gemm || (grads && p.w.dtype != plan.grad_gemm);
+}
+
 // Sizes in bytes of each workspace piece, in carve order.
 constexpr int kPieces = 23;
 struct Sizes {
@@ -313,7 +323,7 @@ Sizes sizes_of(const Plan& plan, const Problem& p) {
                                   : size_t(R * plan.scores_ld) * 4;
   s.bytes[1] = size_t(x_rows * H) * logits_elt;
   s.bytes[2] = grads && plan.grad_gemm != plan.logits_gemm ? size_t(R * H) * grad_elt : 0;
-  s.bytes[3] = size_t(plan.threads) * size_t(kVocabTile * H) * 4;
+  s.bytes[3] = w_converted(plan, p) ? size_t(plan.threads) * size_t(kVocabTile * H) * 4 : 0;
   s.bytes[4] = grads && p.grad_x.present() && !plan.grad_x_in_place ? size_t(R * H) * 4 : 0;
   s.bytes[5] = size_t(state_rows * plan.tiles) * sizeof(simd::SoftmaxState);
   s.bytes[6] = size_t(R) * sizeof(RowInfo);

@@ -242,7 +242,7 @@ struct Workspace {
   void* x_packed = nullptr;           // x_block_grad packed for the engine (Plan::grad_w_packed_x)
   void* x_block = nullptr;            // [R, H] in logits_gemm dtype (vocab outer: R up to whole pieces)
   void* x_block_grad = nullptr;       // [R, H] in grad_gemm dtype, when it differs
-  void* w_scratch = nullptr;          // [threads, T, H] converted W pieces
+  void* w_scratch = nullptr;          // [threads, T, H] converted W pieces (null: W read in place)
   float* grad_x_block = nullptr;      // [R, H]
   float* grad_x_parts = nullptr;      // [kGradXTasks, R, H] (Plan::grad_x_vocab_split)
   simd::SoftmaxState* states = nullptr;  // [R, tiles] (vocab outer: [kMaxRowBlock, tiles])
