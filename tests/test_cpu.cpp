@@ -541,7 +541,10 @@ TEST_F(CpuVocabOuter, MalformedOrderIsAnErrorNamingIt) {
 // summed in order, or hidden chunks (80 and 50 columns) x row groups.
 class CpuGradXSplit : public ::testing::Test {
  protected:
-  void TearDown() override { unsetenv("FLCE_CPU_GRAD_X_SPLIT"); }
+  void TearDown() override {
+    unsetenv("FLCE_CPU_GRAD_X_SPLIT");
+    unsetenv("FLCE_CPU_PACK_SCORES");
+  }
 };
 
 constexpr int64_t kSplitN = 70, kSplitH = 130, kSplitV = 5 * kTile + 100;
@@ -582,6 +585,52 @@ TEST_F(CpuGradXSplit, ChosenForSmallHiddenSizesRowsOuter) {
   flce::Problem no_grad_x = step_shapes(8192, 128, 32768);
   no_grad_x.grad_x = flce::Tensor{};
   EXPECT_FALSE(flce::cpu::make_plan(no_grad_x, Pass::loss_and_grad, cpu(2)).grad_x_vocab_split);
+}
+
+// Plan::grad_x_by_tile, forced with FLCE_CPU_GRAD_X_SPLIT=tile (the plan
+// takes it itself only where bf16 runs on a matrix unit): bf16 G, rows
+// outer, six tiles over four parts (2, 2, 2 and none), from packed scores
+// and from f32 ones, with and without the gradient filter.
+TEST_F(CpuGradXSplit, ByTileAgreesWithTheOracle) {
+  setenv("FLCE_CPU_GRAD_X_SPLIT", "tile", 1);
+  for (const char* pack : {"1", "0"}) {
+    setenv("FLCE_CPU_PACK_SCORES", pack, 1);
+    for (double eps : {0.0, double(flce::kFilterEpsAuto)}) {
+      SCOPED_TRACE(std::string("packed scores ") + pack + ", filter_eps " + std::to_string(eps));
+      Case c = head(kSplitN, kSplitH, kSplitV).stored_as(Dtype::bf16).with_bias().label_smoothing(0.1)
+                   .ignore_rows({5}).grad_logits(GradLogitsDtype::storage).filter_eps(eps);
+      flce::Problem shapes = step_shapes(kSplitN, kSplitH, kSplitV);
+      shapes.x.dtype = shapes.w.dtype = Dtype::bf16;
+      shapes.options.grad_logits_dtype = GradLogitsDtype::storage;
+      const flce::cpu::Plan plan = flce::cpu::make_plan(shapes, Pass::loss_and_grad, cpu());
+      ASSERT_TRUE(plan.grad_x_by_tile);
+      ASSERT_FALSE(plan.vocab_outer);
+      ASSERT_FALSE(plan.grad_x_vocab_split);
+      check(c.problem(), c.storage());
+    }
+  }
+}
+
+TEST_F(CpuGradXSplit, ByTileSameBitsForAnyThreadCount) {
+  setenv("FLCE_CPU_GRAD_X_SPLIT", "tile", 1);
+  const Case c = head(kSplitN, kSplitH, kSplitV).stored_as(Dtype::bf16).softcap(3)
+                     .grad_logits(GradLogitsDtype::storage);
+  const Outputs one = run_cpu(c, 1);
+  for (int threads : {2, 3, 5}) expect_identical_outputs(run_cpu(c, threads), one);
+}
+
+// Unforced, tile by tile wherever bf16 products run on a matrix unit and
+// the step goes rows outer with bf16 G (S1); never with f32 G.
+TEST_F(CpuGradXSplit, ByTileChosenWhereBf16RunsOnAMatrixUnit) {
+  flce::Problem s1 = step_shapes(4096, 768, 50257);
+  s1.x.dtype = s1.w.dtype = Dtype::bf16;
+  s1.options.grad_logits_dtype = GradLogitsDtype::storage;
+  const flce::cpu::Plan plan = flce::cpu::make_plan(s1, Pass::loss_and_grad, cpu(2));
+  ASSERT_FALSE(plan.vocab_outer);
+  EXPECT_EQ(plan.grad_x_by_tile, plan.gemm->bf16_on_matrix_unit()) << plan.gemm->name();
+  s1.options.grad_logits_dtype = GradLogitsDtype::f32;
+  EXPECT_FALSE(flce::cpu::make_plan(s1, Pass::loss_and_grad, cpu(2)).grad_x_by_tile);
+  EXPECT_FALSE(flce::cpu::make_plan(step_shapes(4096, 768, 50257), Pass::loss_and_grad, cpu(2)).grad_x_by_tile);
 }
 
 TEST_F(CpuGradXSplit, MalformedValueIsAnErrorNamingIt) {

@@ -169,7 +169,8 @@ bool packable(const Problem& p, const Plan& plan) {
          !(env != nullptr && std::string(env) == "0");
 }
 
-// FLCE_CPU_GRAD_X_SPLIT: "vocab", "hidden", or unset: the plan's choice.
+// FLCE_CPU_GRAD_X_SPLIT: "vocab", "hidden", "tile" (Plan::grad_x_by_tile,
+// where it applies), or unset: the plan's choice.
 const char* forced_grad_x_split() { return std::getenv("FLCE_CPU_GRAD_X_SPLIT"); }
 
 // Plan::grad_x_vocab_split: rows outer with grad_x and H up to
@@ -179,6 +180,15 @@ bool grad_x_vocab_split(const Problem& p, const Plan& plan) {
   if (!grad_x || plan.vocab_outer) return false;
   if (const char* forced = forced_grad_x_split()) return std::string(forced) == "vocab";
   return plan.d.h <= kVocabSplitMaxHidden;
+}
+
+// Plan::grad_x_by_tile: rows outer with grad_x and bf16 G, where the
+// engine's bf16 runs on a matrix unit or FLCE_CPU_GRAD_X_SPLIT=tile.
+bool grad_x_by_tile(const Problem& p, const Plan& plan) {
+  const bool grad_x = plan.pass != Pass::forward && p.grad_x.present() && !plan.d.logits_entry;
+  if (!grad_x || plan.vocab_outer || plan.grad_gemm != Dtype::bf16) return false;
+  if (const char* forced = forced_grad_x_split()) return std::string(forced) == "tile";
+  return plan.gemm->bf16_on_matrix_unit();
 }
 
 }  // namespace
@@ -197,9 +207,10 @@ std::string check_tuning_env() {
            "': must be 0 (vocab outer computes the logits twice) or 1 (scores kept in grad_W's "
            "memory where that applies; unset: the same)";
   const char* split = forced_grad_x_split();
-  if (split != nullptr && std::string(split) != "vocab" && std::string(split) != "hidden")
+  if (split != nullptr && std::string(split) != "vocab" && std::string(split) != "hidden" &&
+      std::string(split) != "tile")
     return "FLCE_CPU_GRAD_X_SPLIT = '" + std::string(split) +
-           "': must be vocab or hidden (unset: chosen by the problem)";
+           "': must be vocab, hidden or tile (unset: chosen by the problem)";
   if (!forced_order().valid)
     return "FLCE_CPU_GRAD_ORDER = '" + std::string(std::getenv("FLCE_CPU_GRAD_ORDER")) +
            "': must be rows, vocab or vocab:RxT (R rows per super-block, T tiles per chunk; unset: "
@@ -266,11 +277,13 @@ Plan make_plan(const Problem& p, Pass pass, const RunConfig& config) {
   // In floats; a packed row's 2 scores_ld codes fill the same odd number of lines.
   plan.scores_ld = plan.packed_scores ? padded_row(V, 32) / 2
                                       : padded_row(plan.vocab_outer ? plan.chunk_tiles * kVocabTile : V, 16);
-  plan.grad_x_vocab_split = grad_x_vocab_split(p, plan);
+  plan.grad_x_by_tile = grad_x_by_tile(p, plan);
+  plan.grad_x_vocab_split = !plan.grad_x_by_tile && grad_x_vocab_split(p, plan);
   plan.grad_x_in_place = plan.vocab_outer && p.grad_x.present() && p.grad_x.dtype == Dtype::f32 &&
                          dense(p.grad_x) && !plan.filter_uniform;
   plan.compact_bf16_g = plan.grad_gemm == Dtype::bf16 && pass != Pass::forward && p.grad_x.present() &&
-                        !plan.d.logits_entry && !plan.grad_x_vocab_split && !plan.packed_scores;
+                        !plan.d.logits_entry && !plan.grad_x_vocab_split && !plan.packed_scores &&
+                        !plan.grad_x_by_tile;
   plan.grad_w_packed_x = grads && p.grad_w.present() && !plan.d.logits_entry &&
                          plan.grad_gemm == Dtype::bf16 && !plan.grad_w_gemm_tn &&
                          !(plan.grad_w_in_place && p.w_layout == WeightLayout::hv) &&
@@ -290,6 +303,13 @@ GemmArgs grad_w_tile_args(const Plan& plan, const Problem& p, int64_t rows, int6
 }
 
 namespace {
+
+// Whether the gradient pass copies each tile's bf16 G (Workspace::g16_tiles)
+// for grad_W's product or grad_x's (Plan::grad_x_by_tile).
+bool g16_copies(const Plan& plan, const Problem& p) {
+  const bool grads = plan.pass != Pass::forward && !plan.d.logits_entry;
+  return grads && plan.grad_gemm == Dtype::bf16 && (p.grad_w.present() || plan.grad_x_by_tile);
+}
 
 // Whether W's pieces go through Workspace::w_scratch: where its dtype is not
 // a GEMM's or its rows are strided (w_piece); otherwise the GEMMs read W in
@@ -324,7 +344,9 @@ Sizes sizes_of(const Plan& plan, const Problem& p) {
   s.bytes[1] = size_t(x_rows * H) * logits_elt;
   s.bytes[2] = grads && plan.grad_gemm != plan.logits_gemm ? size_t(R * H) * grad_elt : 0;
   s.bytes[3] = w_converted(plan, p) ? size_t(plan.threads) * size_t(kVocabTile * H) * 4 : 0;
-  s.bytes[4] = grads && p.grad_x.present() && !plan.grad_x_in_place ? size_t(R * H) * 4 : 0;
+  s.bytes[4] = grads && p.grad_x.present() && !plan.grad_x_in_place && !plan.grad_x_by_tile
+                   ? size_t(R * H) * 4
+                   : 0;
   s.bytes[5] = size_t(state_rows * plan.tiles) * sizeof(simd::SoftmaxState);
   s.bytes[6] = size_t(R) * sizeof(RowInfo);
   s.bytes[7] = size_t(N) * sizeof(double);
@@ -338,12 +360,11 @@ Sizes sizes_of(const Plan& plan, const Problem& p) {
   s.bytes[15] = pieces ? size_t(kMaxRowBlock) * 4 : plan.packed_scores ? size_t(R) * 4 : 0;
   s.bytes[16] = grads && p.grad_w.present() ? size_t(plan.tiles) : 0;
   s.bytes[17] = plan.grad_w_gemm_tn ? size_t(plan.threads) * size_t(simd::kGemmTnScratchFloats) * 4 : 0;
-  s.bytes[18] = plan.grad_x_vocab_split ? size_t(kGradXTasks * R * H) * 4 : 0;
+  s.bytes[18] = plan.grad_x_vocab_split || plan.grad_x_by_tile ? size_t(kGradXTasks * R * H) * 4 : 0;
   s.bytes[19] = plan.packed_scores ? size_t(plan.threads) * size_t(R * kVocabTile) * 4 : 0;
   s.bytes[20] = plan.packed_scores ? size_t(R * plan.tiles) * 4 : 0;
   // (With packed scores, the f32 tiles of piece 19 serve: free by then.)
-  s.bytes[21] = grads && p.grad_w.present() && plan.grad_gemm == Dtype::bf16 && !plan.d.logits_entry &&
-                        !plan.packed_scores
+  s.bytes[21] = g16_copies(plan, p) && !plan.packed_scores
                     ? size_t(plan.threads) * size_t(R * kVocabTile) * 2
                     : 0;
   s.bytes[22] = plan.grad_w_packed_x ? plan.gemm->packed_b_bytes(grad_w_tile_args(plan, p, R, kVocabTile)) : 0;
@@ -374,7 +395,7 @@ Workspace carve_workspace(const Plan& plan, const Problem& p, void* base) {
   w.x_block = piece[1];
   w.x_block_grad = piece[2] ? piece[2] : piece[1];
   w.w_scratch = piece[3];
-  w.grad_x_block = static_cast<float*>(piece[4]);
+  w.grad_x_block = static_cast<float*>(plan.grad_x_by_tile ? piece[18] : piece[4]);
   w.states = static_cast<simd::SoftmaxState*>(piece[5]);
   w.rows = static_cast<RowInfo*>(piece[6]);
   w.row_loss = static_cast<double*>(piece[7]);
@@ -392,7 +413,7 @@ Workspace carve_workspace(const Plan& plan, const Problem& p, void* base) {
   w.packed_tiles = static_cast<float*>(piece[19]);
   w.score_refs = static_cast<float*>(piece[20]);
   w.g16_tiles = static_cast<uint16_t*>(piece[21]);
-  if (plan.packed_scores && p.grad_w.present()) w.g16_tiles = static_cast<uint16_t*>(piece[19]);
+  if (plan.packed_scores && g16_copies(plan, p)) w.g16_tiles = static_cast<uint16_t*>(piece[19]);
   w.x_packed = piece[22];
   return w;
 }

@@ -111,6 +111,20 @@ struct Plan {
   // grad_x's tasks split the vocabulary (kVocabSplitMaxHidden), each into its
   // own [R, H] part of Workspace::grad_x_parts; else hidden chunks x row groups.
   bool grad_x_vocab_split = false;
+  // grad_x = G W tile by tile, where bf16 products run on a matrix unit
+  // (GemmEngine::bf16_on_matrix_unit), rows outer: tile t's G_t [R, n]
+  // W_t [n, H] runs right after its grad_W product, from the same compact
+  // copy (Workspace::g16_tiles), into the part of Workspace::grad_x_parts
+  // that owns t (kGradXTasks parts, each a fixed range of tiles, one task
+  // each); grad_hidden then adds parts 1.. to part 0 in task order. Every
+  // operand is dense, which oneDNN 2.6 needs to run AMX on it (the one
+  // long-K GEMM per hidden chunk ran oneDNN's gemm:jit), and G is read once,
+  // while in cache. On the 2-core Xeon with AMX: 2220 GFLOP/s a tile
+  // product at R = 496, H = 768 (bench/gemm_engines.cpp); flce bench with
+  // FLCE_CPU_GRAD_X_SPLIT=hidden against =tile, alternating: S1 bf16 step
+  // 0.89-0.93 -> 0.80-0.85 s (1.21-1.22 -> 1.08-1.10 of three GEMMs, three
+  // runs), S3 bf16 step (against the vocabulary split) 0.29 -> 0.28 s (two).
+  bool grad_x_by_tile = false;
   // bf16 G for grad_x: each row's tiles moved together after the grad_W
   // GEMMs (Workspace::scores), so that one GEMM spans many tiles; not with
   // the vocabulary split, where one GEMM per tile (K = kVocabTile) read in
@@ -235,16 +249,16 @@ struct Workspace {
   float* packed_tiles = nullptr;      // [threads, R, kVocabTile]: a tile's f32 scores (Plan::packed_scores)
   float* score_refs = nullptr;        // [R, tiles]: ref of each (row, tile)'s codes (Plan::packed_scores)
   // [threads, R, kVocabTile]: a copy of the tile's bf16 G, rows kVocabTile
-  // apart, for its grad_W GEMM (bf16 gradient GEMMs; steps.cpp, tile_grads).
-  // With Plan::packed_scores, in packed_tiles, whose f32 tiles are done with
-  // by the gradient pass.
+  // apart, for its grad_W GEMM and with Plan::grad_x_by_tile its grad_x one
+  // (bf16 gradient GEMMs; steps.cpp, tile_grads). With Plan::packed_scores,
+  // in packed_tiles, whose f32 tiles are done with by the gradient pass.
   uint16_t* g16_tiles = nullptr;
   void* x_packed = nullptr;           // x_block_grad packed for the engine (Plan::grad_w_packed_x)
   void* x_block = nullptr;            // [R, H] in logits_gemm dtype (vocab outer: R up to whole pieces)
   void* x_block_grad = nullptr;       // [R, H] in grad_gemm dtype, when it differs
   void* w_scratch = nullptr;          // [threads, T, H] converted W pieces (null: W read in place)
-  float* grad_x_block = nullptr;      // [R, H]
-  float* grad_x_parts = nullptr;      // [kGradXTasks, R, H] (Plan::grad_x_vocab_split)
+  float* grad_x_block = nullptr;      // [R, H] (Plan::grad_x_by_tile: part 0)
+  float* grad_x_parts = nullptr;      // [kGradXTasks, R, H] (Plan::grad_x_vocab_split, grad_x_by_tile)
   simd::SoftmaxState* states = nullptr;  // [R, tiles] (vocab outer: [kMaxRowBlock, tiles])
   RowInfo* rows = nullptr;            // [R]
   double* row_loss = nullptr;         // [N]

@@ -390,6 +390,9 @@ void tile_grads(const Context& c, const ScoreBlock& blk, int64_t i0, int64_t row
   const int64_t j0 = t * kVocabTile, n = tile_width(plan, t);
   alignas(64) float unpacked[kVocabTile];
   uint16_t* const g16 = thread_g16_tile(c);
+  // Whether grad_x's GEMMs read bf16 G from the block afterwards (not from
+  // the compact copy, Plan::grad_x_by_tile).
+  const bool g_in_block = p.grad_x.present() && !plan.grad_x_by_tile;
   bool keep = !plan.filter;  // the filter keeps the tile if any row needs it
   for (int64_t r = 0; r < rows; ++r) {
     float* g = plan.packed_scores ? unpacked : blk.at(r, j0);
@@ -402,16 +405,20 @@ void tile_grads(const Context& c, const ScoreBlock& blk, int64_t i0, int64_t row
       for (int64_t j = 0; j < n; ++j) store(p.grad_logits, i0 + r, j0 + j, g[j]);
     if (c.ws.grad_b_acc)  // rows in order, as every other sum
       for (int64_t j = 0; j < n; ++j) c.ws.grad_b_acc[j0 + j] += g[j];
-    if (plan.packed_scores) {  // over the codes, and to the copy for grad_W
+    if (plan.packed_scores) {  // to the copy, and over the codes where grad_x reads it there
       uint16_t* g_row = g16 ? g16 + r * kVocabTile : blk.codes(r, j0);
       f32_to_bf16_bits(g, n, g_row);
-      if (g16) std::memcpy(blk.codes(r, j0), g_row, size_t(n) * 2);
+      if (g16 && g_in_block) std::memcpy(blk.codes(r, j0), g_row, size_t(n) * 2);
     }
   }
   if (plan.filter) c.ws.kept[t] = keep;
   const bool gemms = !plan.d.logits_entry && keep;
-  if (gemms && plan.grad_gemm == Dtype::bf16 && !plan.packed_scores)  // G to bf16 in place (Workspace::scores)
+  if (gemms && plan.grad_gemm == Dtype::bf16 && !plan.packed_scores)  // G to bf16 (Workspace::scores)
     for (int64_t r = 0; r < rows; ++r) {
+      if (!g_in_block && g16) {  // only the copy is read
+        f32_to_bf16_bits(blk.at(r, j0), n, g16 + r * kVocabTile);
+        continue;
+      }
       f32_to_bf16_in_place(blk.at(r, j0), n);
       if (g16) std::memcpy(g16 + r * kVocabTile, blk.bf16_tile(r, j0), size_t(n) * 2);
     }
@@ -450,14 +457,64 @@ void load_grad_rows(const Context& c, int64_t i0, int64_t rows) {
   plan.gemm->pack_b(g, c.ws.x_packed);
 }
 
+// The tiles of grad_x part `task` (Plan::grad_x_by_tile): a fixed range.
+struct TileRange {
+  int64_t begin, end;
+};
+TileRange part_tiles(const Plan& plan, int64_t task) {
+  const int64_t per = (plan.tiles + kGradXTasks - 1) / kGradXTasks;
+  const int64_t begin = std::min(plan.tiles, task * per);
+  return {begin, std::min(plan.tiles, begin + per)};
+}
+
+// part [rows, H] (+)= G_t W_t for tile t (Plan::grad_x_by_tile), G_t the
+// thread's compact bf16 copy of the tile.
+void grad_x_tile_gemm(const Context& c, int64_t rows, int64_t t, bool first, float* part) {
+  const Plan& plan = c.plan;
+  const int64_t H = plan.d.h, j0 = t * kVocabTile, n = tile_width(plan, t);
+  const WPiece w = w_piece(c.p.w, c.p.w_layout, j0, n, 0, H, plan.grad_gemm, thread_scratch(c));
+  GemmArgs g{};
+  g.m = rows, g.n = H, g.k = n;
+  g.ab_dtype = plan.grad_gemm;
+  g.a = thread_g16_tile(c), g.lda = kVocabTile, g.trans_a = false;
+  g.b = w.data, g.ldb = w.ld, g.trans_b = !w.vocab_major;
+  g.c = part, g.ldc = H, g.beta = first ? 0.0f : 1.0f;
+  plan.gemm->run(g);
+}
+
+// Plan::grad_x_by_tile: one task per grad_x part, its tiles in order, each
+// tile's grad_x product after tile_grads (which the gradient filter may have
+// dropped). A part whose every tile was dropped is zeroed.
+void tile_grads_by_part(const Context& c, const ScoreBlock& blk, int64_t i0, int64_t rows) {
+  const Plan& plan = c.plan;
+  const int64_t H = plan.d.h;
+#pragma omp parallel for num_threads(plan.threads) schedule(static)
+  for (int64_t task = 0; task < kGradXTasks; ++task) {
+    float* part = c.ws.grad_x_parts + task * rows * H;
+    const TileRange range = part_tiles(plan, task);
+    bool first = true;
+    for (int64_t t = range.begin; t < range.end; ++t) {
+      tile_grads(c, blk, i0, rows, t);
+      if (plan.filter && !c.ws.kept[t]) continue;
+      grad_x_tile_gemm(c, rows, t, first, part);
+      first = false;
+    }
+    if (first) std::fill_n(part, rows * H, 0.0f);
+  }
+}
+
 }  // namespace
 
 void grad_logits_and_weights(const Context& c, int64_t i0, int64_t rows) {
   const Plan& plan = c.plan;
   const ScoreBlock blk{c.ws.scores, plan.scores_ld, 0};
   load_grad_rows(c, i0, rows);
+  if (plan.grad_x_by_tile) {
+    tile_grads_by_part(c, blk, i0, rows);
+  } else {
 #pragma omp parallel for num_threads(plan.threads) schedule(static)
-  for (int64_t t = 0; t < plan.tiles; ++t) tile_grads(c, blk, i0, rows, t);
+    for (int64_t t = 0; t < plan.tiles; ++t) tile_grads(c, blk, i0, rows, t);
+  }
   if (plan.filter) count_filtered(c);
   if (plan.filter_uniform) add_uniform_rows(c, i0, rows);
   if (plan.compact_bf16_g) compact_bf16_rows(c, blk, rows, 0, plan.tiles);
@@ -535,6 +592,21 @@ void grad_hidden_by_vocab(const Context& c, const ScoreBlock& blk, int64_t rows,
   }
 }
 
+// Plan::grad_x_by_tile: parts 1 .. kGradXTasks added to part 0 (which is
+// ws.grad_x_block) row by row in task order, the sums grad_hidden_by_vocab
+// makes.
+void add_parts_to_first(const Context& c, int64_t rows) {
+  const int64_t H = c.plan.d.h;
+#pragma omp parallel for num_threads(c.plan.threads) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* g = c.ws.grad_x_parts + r * H;
+    for (int64_t task = 1; task < kGradXTasks; ++task) {
+      const float* q = c.ws.grad_x_parts + (task * rows + r) * H;
+      for (int64_t h = 0; h < H; ++h) g[h] += q[h];
+    }
+  }
+}
+
 // grad_x_block (+)= G W over tiles t0 .. t1, one owner per (row group,
 // hidden chunk) task of the Plan, or split over the vocabulary.
 void grad_hidden_tasks(const Context& c, const ScoreBlock& blk, int64_t rows, int64_t t0, int64_t t1,
@@ -555,7 +627,10 @@ void grad_hidden_tasks(const Context& c, const ScoreBlock& blk, int64_t rows, in
 }  // namespace
 
 void grad_hidden(const Context& c, int64_t i0, int64_t rows) {
-  grad_hidden_tasks(c, ScoreBlock{c.ws.scores, c.plan.scores_ld, 0}, rows, 0, c.plan.tiles, false);
+  if (c.plan.grad_x_by_tile)
+    add_parts_to_first(c, rows);
+  else
+    grad_hidden_tasks(c, ScoreBlock{c.ws.scores, c.plan.scores_ld, 0}, rows, 0, c.plan.tiles, false);
   store_grad_x(c, i0, rows);
 }
 
