@@ -589,26 +589,49 @@ TEST_F(CpuGradXSplit, ChosenForSmallHiddenSizesRowsOuter) {
 
 // Plan::grad_x_by_tile, forced with FLCE_CPU_GRAD_X_SPLIT=tile (the plan
 // takes it itself only where bf16 runs on a matrix unit): bf16 G, rows
-// outer, six tiles over four parts (2, 2, 2 and none), from packed scores
-// and from f32 ones, with and without the gradient filter.
+// outer, six tiles dealt to four parts (2, 2, 1 and 1) and two tiles (1, 1
+// and two empty parts), from packed scores and from f32 ones, with and
+// without the gradient filter.
 TEST_F(CpuGradXSplit, ByTileAgreesWithTheOracle) {
   setenv("FLCE_CPU_GRAD_X_SPLIT", "tile", 1);
-  for (const char* pack : {"1", "0"}) {
-    setenv("FLCE_CPU_PACK_SCORES", pack, 1);
-    for (double eps : {0.0, double(flce::kFilterEpsAuto)}) {
-      SCOPED_TRACE(std::string("packed scores ") + pack + ", filter_eps " + std::to_string(eps));
-      Case c = head(kSplitN, kSplitH, kSplitV).stored_as(Dtype::bf16).with_bias().label_smoothing(0.1)
-                   .ignore_rows({5}).grad_logits(GradLogitsDtype::storage).filter_eps(eps);
-      flce::Problem shapes = step_shapes(kSplitN, kSplitH, kSplitV);
-      shapes.x.dtype = shapes.w.dtype = Dtype::bf16;
-      shapes.options.grad_logits_dtype = GradLogitsDtype::storage;
-      const flce::cpu::Plan plan = flce::cpu::make_plan(shapes, Pass::loss_and_grad, cpu());
-      ASSERT_TRUE(plan.grad_x_by_tile);
-      ASSERT_FALSE(plan.vocab_outer);
-      ASSERT_FALSE(plan.grad_x_vocab_split);
-      check(c.problem(), c.storage());
+  for (int64_t v : {kSplitV, kTile + 100}) {
+    flce::Problem shapes = step_shapes(kSplitN, kSplitH, v);
+    shapes.x.dtype = shapes.w.dtype = Dtype::bf16;
+    shapes.options.grad_logits_dtype = GradLogitsDtype::storage;
+    const flce::cpu::Plan plan = flce::cpu::make_plan(shapes, Pass::loss_and_grad, cpu());
+    ASSERT_TRUE(plan.grad_x_by_tile);
+    ASSERT_FALSE(plan.vocab_outer);
+    ASSERT_FALSE(plan.grad_x_vocab_split);
+    for (const char* pack : {"1", "0"}) {
+      setenv("FLCE_CPU_PACK_SCORES", pack, 1);
+      for (double eps : {0.0, double(flce::kFilterEpsAuto)}) {
+        SCOPED_TRACE("V " + std::to_string(v) + ", packed scores " + pack + ", filter_eps " +
+                     std::to_string(eps));
+        Case c = head(kSplitN, kSplitH, v).stored_as(Dtype::bf16).with_bias().label_smoothing(0.1)
+                     .ignore_rows({5}).grad_logits(GradLogitsDtype::storage).filter_eps(eps);
+        check(c.problem(), c.storage());
+      }
     }
   }
+}
+
+// A caller's workspace may arrive dirty. Filled with NaN bytes, it must
+// give the bits of the backend's own: no piece is read before it is
+// written, the grad_x parts that own no tile included (two tiles, four
+// parts).
+TEST_F(CpuGradXSplit, ByTileDirtyCallerWorkspaceSameBits) {
+  setenv("FLCE_CPU_GRAD_X_SPLIT", "tile", 1);
+  const Case c = head(kSplitN, kSplitH, kTile + 100).stored_as(Dtype::bf16).with_bias()
+                     .grad_logits(GradLogitsDtype::storage);
+  const Outputs own = run_cpu(c, 2);
+  std::vector<unsigned char> dirty(size_t(16) << 20, 0xFF);
+  Request rq;
+  rq.config = cpu(2);
+  rq.config.workspace = dirty.data();
+  rq.config.workspace_bytes = dirty.size();
+  const Outputs out = run_library(c.problem(), c.storage(), rq);
+  ASSERT_TRUE(out.status.ok()) << out.status.error;
+  expect_identical_outputs(out, own);
 }
 
 TEST_F(CpuGradXSplit, ByTileSameBitsForAnyThreadCount) {
