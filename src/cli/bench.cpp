@@ -1,7 +1,8 @@
 // `flce bench`: a generated problem (cli/bench_problem.h) timed through the
 // public API, and the logits GEMM of the same shape timed after each of its
-// repetitions (GemmTimes). The ratio is the pass's time over the GEMMs it cannot avoid: one
-// for fwd, three for bwd and step (logits, grad_x, grad_W, each 2NHV flops).
+// repetitions (GemmTimes). The ratio is the pass's time over the GEMMs it
+// cannot avoid: one for fwd, three for bwd and step (logits, grad_x,
+// grad_W, each 2NHV flops).
 // gemm_seconds is 0 when the engine has no native GEMM for the dtype.
 #include "cli/bench.h"
 

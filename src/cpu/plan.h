@@ -115,8 +115,9 @@ struct Plan {
   // (GemmEngine::bf16_on_matrix_unit), rows outer: tile t's G_t [R, n]
   // W_t [n, H] runs right after its grad_W product, from the same compact
   // copy (Workspace::g16_tiles), into the part of Workspace::grad_x_parts
-  // that owns t (kGradXTasks parts, each a fixed range of tiles, one task
-  // each); grad_hidden then adds parts 1.. to part 0 in task order. Every
+  // that owns t (kGradXTasks parts, one task each, tiles dealt round: part
+  // t mod kGradXTasks); grad_hidden then adds parts 1.. to part 0 in task
+  // order. Every
   // operand is dense, which oneDNN 2.6 needs to run AMX on it (the one
   // long-K GEMM per hidden chunk ran oneDNN's gemm:jit), and G is read once,
   // while in cache. On the 2-core Xeon with AMX: 2220 GFLOP/s a tile

@@ -586,8 +586,8 @@ void grad_hidden_by_vocab(const Context& c, const ScoreBlock& blk, int64_t rows,
 }
 
 // Plan::grad_x_by_tile: parts 1 .. kGradXTasks added to part 0 (which is
-// ws.grad_x_block) row by row in task order, the sums grad_hidden_by_vocab
-// makes.
+// ws.grad_x_block) row by row in task order, the order of
+// grad_hidden_by_vocab's sums.
 void add_parts_to_first(const Context& c, int64_t rows) {
   const int64_t H = c.plan.d.h;
 #pragma omp parallel for num_threads(c.plan.threads) schedule(static)

@@ -36,12 +36,15 @@ void merge_rows(const Context& c, int64_t i0, int64_t rows);
 void rows_from_inputs(const Context& c, int64_t i0, int64_t rows);
 
 // Turns the scores into G = d objective / d(x W^T + b) in place, writes
-// grad_logits, and adds the block's share of grad_W and grad_bias. With the
-// gradient filter on, marks which vocab tiles the GEMMs keep (ws.kept).
+// grad_logits, and adds the block's share of grad_W and grad_bias (with
+// Plan::grad_x_by_tile also each tile's grad_x product, into its part).
+// With the gradient filter on, marks which vocab tiles the GEMMs keep
+// (ws.kept).
 void grad_logits_and_weights(const Context& c, int64_t i0, int64_t rows);
 
 // grad_x for the block's rows: G W, one owner per (row group, hidden chunk)
-// task of the Plan, then stored.
+// task of the Plan, or the per-tile parts added (Plan::grad_x_by_tile);
+// then stored.
 void grad_hidden(const Context& c, int64_t i0, int64_t rows);
 
 // Vocab outer (Plan): for the super-block's rows, whose RowInfo merge_rows
