@@ -561,6 +561,22 @@ void grad_hidden_task(const Context& c, const ScoreBlock& blk, int64_t r0, int64
     for (int64_t r = r0; r < r0 + m; ++r) std::fill_n(out + r * H + h0, width, 0.0f);
 }
 
+// ws.grad_x_block (+)= grad_x parts task0 .. kGradXTasks, row by row in
+// task order. Plan::grad_x_by_tile: grad_x_block is part 0, and parts 1 ..
+// are added to it, the same sums.
+void add_grad_x_parts(const Context& c, int64_t rows, int64_t task0, bool accumulate) {
+  const int64_t H = c.plan.d.h;
+#pragma omp parallel for num_threads(c.plan.threads) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* g = c.ws.grad_x_block + r * H;
+    if (!accumulate) std::fill_n(g, H, 0.0f);
+    for (int64_t task = task0; task < kGradXTasks; ++task) {
+      const float* q = c.ws.grad_x_parts + (task * rows + r) * H;
+      for (int64_t h = 0; h < H; ++h) g[h] += q[h];
+    }
+  }
+}
+
 // grad_x_block (+)= G W over tiles t0 .. t1 as kGradXTasks products over
 // runs of tiles (Plan::grad_x_vocab_split), each into its own part, then the
 // parts added row by row in task order: the same sums whatever the threads.
@@ -574,30 +590,7 @@ void grad_hidden_by_vocab(const Context& c, const ScoreBlock& blk, int64_t rows,
     const int64_t a = std::min(t1, t0 + task * per_task), b = std::min(t1, a + per_task);
     grad_hidden_task(c, blk, 0, rows, 0, H, a, b, false, part(task));
   }
-#pragma omp parallel for num_threads(plan.threads) schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    float* g = c.ws.grad_x_block + r * H;
-    if (!accumulate) std::fill_n(g, H, 0.0f);
-    for (int64_t task = 0; task < kGradXTasks; ++task) {
-      const float* q = part(task) + r * H;
-      for (int64_t h = 0; h < H; ++h) g[h] += q[h];
-    }
-  }
-}
-
-// Plan::grad_x_by_tile: parts 1 .. kGradXTasks added to part 0 (which is
-// ws.grad_x_block) row by row in task order, the order of
-// grad_hidden_by_vocab's sums.
-void add_parts_to_first(const Context& c, int64_t rows) {
-  const int64_t H = c.plan.d.h;
-#pragma omp parallel for num_threads(c.plan.threads) schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    float* g = c.ws.grad_x_parts + r * H;
-    for (int64_t task = 1; task < kGradXTasks; ++task) {
-      const float* q = c.ws.grad_x_parts + (task * rows + r) * H;
-      for (int64_t h = 0; h < H; ++h) g[h] += q[h];
-    }
-  }
+  add_grad_x_parts(c, rows, 0, accumulate);
 }
 
 // grad_x_block (+)= G W over tiles t0 .. t1, one owner per (row group,
@@ -621,7 +614,7 @@ void grad_hidden_tasks(const Context& c, const ScoreBlock& blk, int64_t rows, in
 
 void grad_hidden(const Context& c, int64_t i0, int64_t rows) {
   if (c.plan.grad_x_by_tile)
-    add_parts_to_first(c, rows);
+    add_grad_x_parts(c, rows, 1, /*accumulate=*/true);
   else
     grad_hidden_tasks(c, ScoreBlock{c.ws.scores, c.plan.scores_ld, 0}, rows, 0, c.plan.tiles, false);
   store_grad_x(c, i0, rows);
