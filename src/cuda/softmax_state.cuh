@@ -1,8 +1,11 @@
-// src/cuda/softmax_state.cuh: the per-row softmax state that the `cuda`
-// backend's score kernels fold, and the score formula they share
-// (kernels.cu's tile_states, sm90/gemm_states.cu's fused epilogue). Device
-// code only (internal).
+// src/cuda/softmax_state.cuh: what the `cuda` backend's score kernels share
+// (kernels.cu's tile_states and dlogits, sm90/gemm_states.cu's fused
+// epilogues): the score formula, the per-row softmax state pass 1 folds, and
+// G's formula for pass 2. Device code only (internal).
 #pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cmath>
 #include <cstdint>
@@ -99,5 +102,64 @@ inline __device__ State warp_merge(State st, int lanes = 32) {
   }
   return st;
 }
+
+// v rounded to the dtype kRound (a Dtype as int), kept in f32.
+template <int kRound>
+inline __device__ float round_as(float v) {
+  if (Dtype(kRound) == Dtype::bf16) return __bfloat162float(__float2bfloat16_rn(v));
+  if (Dtype(kRound) == Dtype::f16) return __half2float(__float2half_rn(v));
+  return v;
+}
+
+// Which formula dlogits compiles: the general one, or for rows with no
+// scale, bias, class weights, smoothing or entropy term, G = coef_p p minus
+// the label term, times ds/dz with a softcap. The general formula gives the
+// same bits there: every factor it skips is exactly 1 or 0.
+enum DlogitsForm { kGeneral, kPlain, kPlainSoftcap };
+
+inline DlogitsForm dlogits_form(const LossArgs& g) {
+  const bool plain = g.a == 1 && g.e == 0 && !g.need_sbar &&  // need_sbar: grad_entropy too
+                     g.class_w == nullptr && g.bias_f32 == nullptr;
+  if (!plain) return kGeneral;
+  return g.k > 0 ? kPlainSoftcap : kPlain;
+}
+
+// G of one element, per RowInfo (kernels.h), rounded to kRound.
+template <int kRound, DlogitsForm kForm>
+struct DlogitsRow {
+  TileParams q;
+  float lse, sbar, coef_p, coef_c, coef_h, label;
+  int y_col;  // the label's column in the tile, or -1
+
+  __device__ DlogitsRow(const LossArgs& g, const RowInfo& info, int64_t j0, int cols)
+      : q(g, j0), lse(float(info.lse)), sbar(float(info.sbar)), coef_p(float(info.coef_p)),
+        coef_c(float(info.coef_c)), coef_h(float(info.coef_h)), label(float(info.label_coef)),
+        y_col(info.y < 0 ? -1 : label_column(info.y, j0, cols)) {}
+
+  // The score of raw logit u at column c.
+  __device__ float score(float u, int c) const {
+    if (kForm == kPlain) return u;
+    if (kForm == kPlainSoftcap) return q.k * tanhf(u * q.inv_k);
+    return q.score(u, c);
+  }
+
+  // G at column c from its score s.
+  __device__ float operator()(float s, int c) const {
+    if (kForm == kPlain) {
+      const float d = coef_p * expf(s - lse);
+      return round_as<kRound>(c == y_col ? d - label : d);
+    }
+    if (kForm == kPlainSoftcap) {
+      const float d = coef_p * expf(s - lse);
+      return round_as<kRound>(q.dsdz(s) * (c == y_col ? d - label : d));
+    }
+    const float p = expf(s - lse);
+    float d = coef_p * p;
+    if (coef_c != 0) d += coef_c * q.class_weight(c);
+    if (coef_h != 0) d -= coef_h * (p == 0 ? 0.0f : p * (s - sbar));
+    if (c == y_col) d -= label;
+    return round_as<kRound>(q.a * q.dsdz(s) * d);
+  }
+};
 
 }  // namespace flce::cuda
