@@ -14,9 +14,14 @@
 #include <limits>
 #include <string>
 
+#include "common/float16.h"
 #include "cuda/device_copy.h"
 #ifdef FLCE_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "cuda/gemm.h"
 #include "cuda/plan.h"
+#include "cuda/sm90/gemm_states.h"
 #endif
 #include "flce/flce.h"
 #include "support/agreement.h"
@@ -75,6 +80,10 @@ Case head(int64_t n, int64_t h, int64_t v, uint64_t seed = 1) {
   Case c = Case::head(n, h, v, seed);
   c.stored_as(Dtype::f32).outputs_as(Dtype::f64);
   return c;
+}
+// A head the fused kernel takes: bf16, H a multiple of 8 (TMA rows).
+Case fused_head(int64_t n, int64_t h, int64_t v, uint64_t seed) {
+  return head(n, (h + 7) / 8 * 8, v, seed).stored_as(Dtype::bf16);
 }
 Case logits(int64_t n, int64_t v, uint64_t seed = 1) {
   Case c = Case::logits(n, v, seed);
@@ -243,9 +252,11 @@ TEST_F(CudaGpu, AllRowsIgnored) {
 TEST_F(CudaGpu, NaNAndInfRows) {
   constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
   constexpr double kInf = std::numeric_limits<double>::infinity();
+  // f32 (cuBLAS, tile_states and dlogits), and bf16 with H = 8 (fused on an H100).
+  for (const Case& c : {head(9, 6, 41).reduction(Reduction::none),
+                        fused_head(9, 8, 41, 1).reduction(Reduction::none)})
   for (double bad : {kNaN, kInf, -kInf}) {
-    SCOPED_TRACE("value " + std::to_string(bad));
-    const Case c = head(9, 6, 41).reduction(Reduction::none);
+    SCOPED_TRACE("value " + std::to_string(bad) + ", " + flce::dtype_name(c.storage().inputs));
     DenseProblem d = c.problem();
     d.x[2 * d.h + 3] = bad;
     d.w[7 * d.h + 1] = bad;  // class 7's logit is non-finite in every row
@@ -441,6 +452,142 @@ std::string command_output(const std::string& command, int* status) {
 // `flce run --backend cuda` (host .npy in, device buffers inside, .npy out)
 // against `--backend reference`: norm-wise within 1e-4, the order of the f32
 // policy's bound (V + H) u for V = 300 (agreement itself is tested above).
+// ---- Score GEMMs fused with their epilogues on an H100 (cuda/sm90/gemm_states.h)
+
+#ifdef FLCE_HAVE_CUDA
+// Why this GPU does not take the fused kernels for a bf16 head, or "".
+std::string fused_missing() {
+  alignas(16) static float none[4] = {};
+  flce::Problem p = step_shapes(8, 64, 16);
+  p.x.data = p.w.data = none;
+  return flce::cuda::sm90::fused_declines(p);
+}
+#endif
+
+#define SKIP_WITHOUT_FUSED()                                                        \
+  do {                                                                              \
+    SKIP_WITHOUT_GPU();                                                             \
+    if (const std::string why = FLCE_FUSED_MISSING(); !why.empty())                 \
+      GTEST_SKIP() << "the fused kernels do not run here: " << why;                \
+  } while (0)
+#ifdef FLCE_HAVE_CUDA
+#define FLCE_FUSED_MISSING() fused_missing()
+#else
+#define FLCE_FUSED_MISSING() std::string("built without CUDA")
+#endif
+
+#ifdef FLCE_HAVE_CUDA
+// The kernel's tensor-core loop on its own, against the exact products: the
+// bf16 inputs multiply exactly, so each f32 result is within
+// gamma_K sum_k |x_ik w_jk| of the double product, with u = 2^-23 because
+// tensor cores may truncate instead of rounding when they add (NUMERICS.md);
+// cuBLAS' result is held to the same bound as the control.
+TEST_F(CudaGpu, FusedGemmLoopMatchesExactProducts) {
+  SKIP_WITHOUT_FUSED();
+  struct Shape { int64_t n, h, v; };
+  for (Dtype dtype : {Dtype::bf16, Dtype::f16})
+    for (Shape s : {Shape{1, 8, 1}, Shape{130, 72, 300}, Shape{257, 136, 1000},
+                    Shape{300, 2304, 600}}) {
+      SCOPED_TRACE(std::string(flce::dtype_name(dtype)) + " " + std::to_string(s.n) + " x " +
+                   std::to_string(s.h) + " x " + std::to_string(s.v));
+      std::mt19937_64 rng(s.n * 7 + s.v);
+      std::uniform_real_distribution<float> u(-1, 1);
+      const auto make = [&](int64_t count) {
+        std::vector<uint16_t> bits(count);
+        std::vector<double> values(count);
+        for (int64_t k = 0; k < count; ++k) {
+          bits[k] = dtype == Dtype::bf16 ? flce::f32_to_bf16(u(rng)) : flce::f32_to_f16(u(rng));
+          values[k] = dtype == Dtype::bf16 ? flce::bf16_to_f32(bits[k]) : flce::f16_to_f32(bits[k]);
+        }
+        return std::pair{bits, values};
+      };
+      const auto [x_bits, x] = make(s.n * s.h);
+      const auto [w_bits, w] = make(s.v * s.h);
+      void *dx = nullptr, *dw = nullptr, *dc = nullptr, *dref = nullptr;
+      const size_t c_bytes = size_t(s.n * s.v) * 4;
+      ASSERT_EQ(cudaMalloc(&dx, x_bits.size() * 2), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&dw, w_bits.size() * 2), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&dc, c_bytes), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&dref, c_bytes), cudaSuccess);
+      cudaMemcpy(dx, x_bits.data(), x_bits.size() * 2, cudaMemcpyHostToDevice);
+      cudaMemcpy(dw, w_bits.data(), w_bits.size() * 2, cudaMemcpyHostToDevice);
+      flce::Tensor tx = flce::matrix_view(dx, dtype, s.n, s.h);
+      flce::Tensor tw = flce::matrix_view(dw, dtype, s.v, s.h);
+      tx.device = tw.device = flce::Device::cuda;
+      EXPECT_EQ(flce::cuda::sm90::gemm_f32(tx, tw, static_cast<float*>(dc), s.v, nullptr), "");
+      flce::cuda::Gemm g;
+      g.m = s.n, g.n = s.v, g.k = s.h, g.a = dx, g.lda = s.h, g.b = dw, g.ldb = s.h;
+      g.trans_b = true, g.c = dref, g.ldc = s.v, g.ab = dtype;
+      EXPECT_EQ(flce::cuda::run_gemm(g, nullptr), "");
+      std::vector<float> c(s.n * s.v), ref(s.n * s.v);
+      ASSERT_EQ(cudaMemcpy(c.data(), dc, c_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(ref.data(), dref, c_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+      for (void* ptr : {dx, dw, dc, dref}) cudaFree(ptr);
+      const double unit = 0x1p-23, gamma = s.h * unit / (1 - s.h * unit);
+      int64_t bad = 0, bad_ref = 0;
+      for (int64_t i = 0; i < s.n; ++i)
+        for (int64_t j = 0; j < s.v; ++j) {
+          double exact = 0, mag = 0;
+          for (int64_t k = 0; k < s.h; ++k) {
+            exact += x[i * s.h + k] * w[j * s.h + k];
+            mag += std::abs(x[i * s.h + k] * w[j * s.h + k]);
+          }
+          bad += !(std::abs(c[i * s.v + j] - exact) <= gamma * mag);
+          bad_ref += !(std::abs(ref[i * s.v + j] - exact) <= gamma * mag);
+        }
+      EXPECT_EQ(bad, 0) << "of " << s.n * s.v << " products";
+      EXPECT_EQ(bad_ref, 0) << "cuBLAS, of " << s.n * s.v << " products";
+    }
+}
+#endif
+
+// Score tiles that are not whole subtiles of 256 classes, row blocks cut
+// short and K with a tail, with every option: against the oracle, forward
+// and step, in both 16-bit dtypes.
+TEST_F(CudaGpu, FusedStatesAgreeWithTheOracle) {
+  SKIP_WITHOUT_FUSED();
+  // Tiles of 1000 and 300 classes (gemm_states' blocks end inside a
+  // subtile) and the default; 2000 classes, gemm_dlogits' blocks of 1024.
+  for (const char* tile : {"100x1000", "64x300", "4096x4096"}) {
+    setenv("FLCE_CUDA_TILE", tile, 1);
+    for (Dtype dtype : {Dtype::bf16, Dtype::f16}) {
+      SCOPED_TRACE(std::string("tile ") + tile + ", " + flce::dtype_name(dtype));
+      const Case all = head(200, 136, 2000, 21).stored_as(dtype).with_bias().softcap(4)
+                           .logit_scale(0.8).label_smoothing(0.1).with_class_weights()
+                           .z_loss(1e-3).with_token_weights().with_grad_lse()
+                           .with_grad_entropy().ignore_rows({3, 199});
+#ifdef FLCE_HAVE_CUDA
+      alignas(16) static float none[4] = {};
+      flce::Problem shapes = step_shapes(200, 136, 2000);
+      shapes.x.data = shapes.w.data = none;
+      shapes.x.dtype = shapes.w.dtype = dtype;
+      EXPECT_TRUE(flce::cuda::make_plan(shapes, Pass::forward).fused);
+#endif
+      check_all_passes(all);
+      check_all_passes(head(130, 72, 1100, 22).stored_as(dtype).reduction(Reduction::sum));
+      check_all_passes(head(130, 64, 600, 23).stored_as(dtype).softcap(30).logit_magnitude(40));
+    }
+  }
+}
+
+TEST_F(CudaGpu, FusedStatesEachOptionAlone) {
+  SKIP_WITHOUT_FUSED();
+  for (const Case& c : each_option_alone(fused_head)) check_all_passes(c);
+  for (const Case& c : large_logit_cases(fused_head, logits, 9, 40)) check_all_passes(c);
+  for (const Case& c : all_rows_ignored(fused_head)) check_all_passes(c);
+}
+
+TEST_F(CudaGpu, MalformedFusedValueIsAnErrorNamingIt) {
+  setenv("FLCE_CUDA_FUSED", "yes", 1);
+  const Case c = fused_head(9, 8, 41, 1);
+  Request rq;
+  rq.config = cuda();
+  const Outputs out = run_library(c.problem(), c.storage(), rq);
+  unsetenv("FLCE_CUDA_FUSED");
+  EXPECT_FALSE(out.status.ok());
+  EXPECT_NE(out.status.error.find("FLCE_CUDA_FUSED = 'yes'"), std::string::npos) << out.status.error;
+}
+
 TEST_F(CudaGpu, CliRunAndBenchOnTheGpu) {
   TempDir tmp;
   std::mt19937_64 rng(5);

@@ -37,6 +37,19 @@ if(FLCE_HAVE_CUDA)
     ${_flce_cuda_dir}/gemm.cpp
     ${_flce_cuda_dir}/kernels.cu
     ${_flce_cuda_dir}/device_copy.cpp)
+  # The fused Hopper kernels (src/cuda/sm90/) use wgmma and TMA, which only
+  # sm_90a has: their own object library, built for that architecture alone
+  # whatever CMAKE_CUDA_ARCHITECTURES says (nvcc 12 or newer).
+  add_library(flce_sm90 OBJECT ${_flce_cuda_dir}/sm90/gemm_states.cu)
+  target_include_directories(flce_sm90 PRIVATE ${PROJECT_SOURCE_DIR}/include
+                                               ${PROJECT_SOURCE_DIR}/src)
+  set_target_properties(flce_sm90 PROPERTIES CUDA_ARCHITECTURES OFF CUDA_STANDARD 17
+                                             CUDA_STANDARD_REQUIRED ON
+                                             POSITION_INDEPENDENT_CODE ON)
+  target_compile_options(flce_sm90 PRIVATE --generate-code=arch=compute_90a,code=sm_90a
+                                           --expt-relaxed-constexpr -lineinfo)
+  target_link_libraries(flce_sm90 PRIVATE CUDA::cudart)
+  target_sources(flce PRIVATE $<TARGET_OBJECTS:flce_sm90>)
   set_source_files_properties(${_flce_cuda_dir}/kernels.cu TARGET_DIRECTORY flce
     PROPERTIES COMPILE_OPTIONS "--expt-relaxed-constexpr;-lineinfo;-Xcompiler=-Wall")
   # flce was created before CUDA was enabled: set what the target missed.

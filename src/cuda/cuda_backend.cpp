@@ -1,8 +1,9 @@
 // The `cuda` backend: the cpu backend's algorithm on an NVIDIA GPU. cuBLAS
 // GEMMs give the raw logits of one [rows x vocab] score tile at a time;
 // fused kernels turn each tile into softmax states (pass 1) or dlogits
-// (pass 2) right after its GEMM; dlogits gather into large gradient blocks for
-// the grad_x and grad_W GEMMs. Never an [N, V] buffer; every sum in a fixed
+// (pass 2) right after its GEMM; on an H100 with 16-bit storage one kernel
+// does both the GEMM and that work, and no score tile exists (sm90/). The
+// dlogits gather into large gradient blocks for the grad_x and grad_W GEMMs. Never an [N, V] buffer; every sum in a fixed
 // order, so the bytes are the same on every run (src/cuda/kernels.h).
 #include "cuda/cuda_backend.h"
 
@@ -16,6 +17,7 @@
 #include "cuda/kernels.h"
 #include "cuda/passes.h"
 #include "cuda/plan.h"
+#include "cuda/sm90/gemm_states.h"
 
 namespace flce {
 namespace {
@@ -205,7 +207,9 @@ class CudaBackend final : public Backend {
     if (auto why = device_problem(0); !why.empty()) return "declines every problem here: " + why;
     cudaDeviceProp prop{};
     cudaGetDeviceProperties(&prop, 0);
-    return std::string("cuBLAS GEMMs on vocab tiles + fused softmax and dlogits kernels; device 0: ") +
+    const bool hopper = prop.major == 9 && prop.minor == 0;
+    return std::string(hopper ? "score GEMMs fused with their softmax epilogues (wgmma; bf16/f16), " : "") +
+           "cuBLAS GEMMs on vocab tiles + fused softmax and dlogits kernels; device 0: " +
            prop.name + " (sm_" + std::to_string(prop.major * 10 + prop.minor) + ")";
   }
 
@@ -231,6 +235,7 @@ class CudaBackend final : public Backend {
     if (!config.gemm.empty() && config.gemm != "cublas")
       return "gemm = '" + config.gemm + "': the cuda backend's GEMMs are cuBLAS ('cublas' or empty)";
     if (auto e = cuda::check_stash_env(); !e.empty()) return e;
+    if (auto e = cuda::sm90::check_fused_env(); !e.empty()) return e;
     const Tensor& first = p.logits.present() ? p.logits : p.x;
     DeviceGuard guard(first.device_index);
     cudaStream_t stream = static_cast<cudaStream_t>(config.stream);

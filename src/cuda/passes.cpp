@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "cuda/gemm.h"
+#include "cuda/sm90/gemm_states.h"
 
 namespace flce::cuda {
 namespace {
@@ -69,7 +70,10 @@ std::string statistics_pass(const Context& c) {
   }
   for (int64_t s0 = 0; s0 < N; s0 += plan.state_rows) {
     const int64_t srows = std::min(plan.state_rows, N - s0);
-    for (int64_t t = 0; t < plan.tiles; ++t) {  // W's tile stays in L2 across row tiles
+    // Tiles [0, cublas_tiles) by a cuBLAS GEMM and tile_states (every tile,
+    // or the stashed ones, which need their scores in memory); the rest fused.
+    const int64_t cublas_tiles = plan.fused ? plan.stash_tiles : plan.tiles;
+    for (int64_t t = 0; t < cublas_tiles; ++t) {  // W's tile stays in L2 across row tiles
       const int64_t j0 = t * plan.tile_cols, cols = std::min(plan.tile_cols, V - j0);
       for (int64_t r0 = s0; r0 < s0 + srows; r0 += plan.tile_rows) {
         ScoreTile tile;
@@ -79,6 +83,9 @@ std::string statistics_pass(const Context& c) {
         FLCE_TRY(last_launch_error("tile_states"));
       }
     }
+    if (cublas_tiles < plan.tiles)
+      FLCE_TRY(sm90::gemm_states(c.args, c.p.x, c.p.w, s0, srows, cublas_tiles, plan.tiles,
+                                 plan.tile_cols, plan.tiles, s0, c.ws.states, c.stream));
     merge_rows(c.args, c.ws.states, plan.tiles, s0, srows, true, c.stream);
     FLCE_TRY(last_launch_error("merge_rows"));
   }
@@ -207,19 +214,25 @@ std::string grad_w_gemm(const Context& c, int64_t b0, int64_t brows, int64_t j0,
 std::string gradient_block(const Context& c, int64_t b0, int64_t brows, int64_t j0, int64_t cols) {
   const Plan& plan = c.plan;
   const size_t g_size = dtype_size(plan.grad_gemm);
-  for (int64_t tj = j0; tj < j0 + cols; tj += plan.tile_cols) {
-    const int64_t tcols = std::min(plan.tile_cols, j0 + cols - tj);
-    for (int64_t r0 = b0; r0 < b0 + brows; r0 += plan.tile_rows) {
-      const int64_t trows = std::min(plan.tile_rows, b0 + brows - r0);
-      ScoreTile tile;
-      if (plan.stashed(tj))  // pass 1 kept the scores: no GEMM
-        tile = ScoreTile{nullptr, 0, trows, tcols, r0, tj, stash_at(c, r0, tj)};
-      else
-        FLCE_TRY(load_scores(c, r0, trows, tj, tcols, &tile));
-      char* g = static_cast<char*>(c.ws.g) +
-                ((r0 - b0) * plan.block_cols + (tj - j0)) * int64_t(g_size);
-      dlogits(c.args, tile, g, plan.grad_gemm, plan.block_cols, DView{}, plan.round_to, c.stream);
-      FLCE_TRY(last_launch_error("dlogits"));
+  if (plan.fused && !plan.stashed(j0)) {  // one kernel, no score tiles (a stash covers whole blocks)
+    FLCE_TRY(sm90::gemm_dlogits(c.args, c.p.x, c.p.w, b0, brows, j0, cols, c.ws.g,
+                                plan.grad_gemm, plan.block_cols, plan.round_to, c.stream));
+  } else {
+    for (int64_t tj = j0; tj < j0 + cols; tj += plan.tile_cols) {
+      const int64_t tcols = std::min(plan.tile_cols, j0 + cols - tj);
+      for (int64_t r0 = b0; r0 < b0 + brows; r0 += plan.tile_rows) {
+        const int64_t trows = std::min(plan.tile_rows, b0 + brows - r0);
+        ScoreTile tile;
+        if (plan.stashed(tj))  // pass 1 kept the scores: no GEMM
+          tile = ScoreTile{nullptr, 0, trows, tcols, r0, tj, stash_at(c, r0, tj)};
+        else
+          FLCE_TRY(load_scores(c, r0, trows, tj, tcols, &tile));
+        char* g = static_cast<char*>(c.ws.g) +
+                  ((r0 - b0) * plan.block_cols + (tj - j0)) * int64_t(g_size);
+        dlogits(c.args, tile, g, plan.grad_gemm, plan.block_cols, DView{}, plan.round_to,
+                c.stream);
+        FLCE_TRY(last_launch_error("dlogits"));
+      }
     }
   }
   if (c.ws.grad_b_acc) {

@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "cuda/sm90/gemm_states.h"
+
 namespace flce::cuda {
 namespace {
 
@@ -79,6 +81,7 @@ Plan make_plan(const Problem& p, Pass pass) {
   plan.grads = pass != Pass::forward;
   plan.states_pass = pass != Pass::backward || p.grad_entropy.present();
 
+  plan.fused = sm90::fused_declines(p).empty();
   int64_t tr = kTileRows, tc = kTileCols;
   size_from_env("FLCE_CUDA_TILE", &tr, &tc);
   plan.tile_rows = std::min(tr, N);
@@ -131,7 +134,9 @@ Sizes sizes_of(const Plan& plan, const Problem& p) {
   s.bytes[3] = p.class_weights.present() ? size_t(V) * 4 : 0;
   s.bytes[4] = p.bias.present() ? size_t(V) * 4 : 0;
   s.bytes[5] = plan.states_pass ? size_t(plan.state_rows * plan.tiles) * sizeof(TileState) : 0;
-  s.bytes[6] = size_t(plan.tile_rows * plan.tile_cols) * 4;
+  // The f32 score tile: unless fused, where only pass 1's stashed tiles need it.
+  const bool scores = !plan.fused || plan.stash_tiles > 0;
+  s.bytes[6] = scores ? size_t(plan.tile_rows * plan.tile_cols) * 4 : 0;
   s.bytes[7] = gemms ? size_t(plan.block_rows * plan.block_cols) * g_size : 0;
   s.bytes[8] = gemms && p.grad_x.present() && !plan.grad_x_in_place ? size_t(N * H) * 4 : 0;
   s.bytes[9] = gemms && p.grad_w.present() && !plan.grad_w_in_place && !plan.grad_w_direct

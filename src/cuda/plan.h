@@ -11,6 +11,10 @@
 // The pass over the vocabulary for lse (pass 1) keeps one TileState per
 // (row, score tile) for state_rows rows at a time.
 //
+// Fused score GEMMs (sm90/gemm_states.h): on an H100 with bf16 or f16
+// storage, the score tiles of both passes never exist: pass 1's kernel
+// multiplies and folds the states, pass 2's multiplies and writes G.
+//
 // Stashed scores: pass 2 recomputes every score tile (a fourth GEMM), except
 // in the first stash_cols classes, whose scores pass 1 keeps as the f16 bits
 // of ref - s (ref = the row's max in that tile) in grad_W's own memory,
@@ -46,6 +50,7 @@ struct Plan {
   bool grad_x_in_place = false;  // grad_x is f32 with unit column stride
   bool grad_w_in_place = false;  // grad_w is f32 with unit column stride
   bool grad_w_direct = false;    // one row block: the GEMM writes grad_w as is
+  bool fused = false;            // sm90 kernels multiply and fold the tiles not stashed
   int64_t stash_cols = 0;        // classes [0, stash_cols) are stashed (a whole number of blocks, or V)
   int64_t stash_tiles = 0;       // the score tiles they span
 

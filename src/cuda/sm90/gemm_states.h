@@ -1,0 +1,55 @@
+// src/cuda/sm90/gemm_states.h: the score GEMMs of passes 1 and 2 fused with
+// what reads their scores, on Hopper (sm_90a; internal).
+//
+// One kernel computes the raw logits u = x . W_j of a [128 rows x 256
+// classes] block on the tensor cores (TMA loads, wgmma) and folds them
+// into the rows' softmax states while they are still in registers: the
+// score tile never goes to memory. Each block of 128 rows walks one score
+// tile's classes (plan.tile_cols) 256 at a time and writes one TileState
+// per (row, tile), the same states tile_states writes, so merge_rows and
+// everything after it are unchanged. It also writes RowInfo::s_y. Pass 2's
+// kernel (gemm_dlogits) runs the same loop and writes G straight into the
+// gradient block in the gradient GEMMs' dtype.
+//
+// The kernels are compiled for sm_90a only; elsewhere fused_declines says
+// why they are not used and the backend keeps its cuBLAS GEMMs + tile_states
+// and dlogits.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "cuda/kernels.h"
+#include "flce/flce.h"
+
+namespace flce::cuda::sm90 {
+
+// "" when the fused kernels can serve `p` on its device, else why not: not
+// an sm_90 GPU, f32 storage (the kernel multiplies bf16 or f16),
+// the logits entry, W stored [H, V], rows not contiguous or not 16-byte
+// aligned, or FLCE_CUDA_FUSED=0 (the cuBLAS path, for comparisons).
+std::string fused_declines(const Problem& p);
+
+// "" or a message naming a malformed FLCE_CUDA_FUSED.
+std::string check_fused_env();
+
+// states[(i - state_r0) * tiles + t] for rows i in [r0, r0 + rows) and score
+// tiles t in [t0, t1) of tile_cols classes each, and RowInfo::s_y of those
+// rows whose label falls in those tiles.
+std::string gemm_states(const LossArgs& args, const Tensor& x, const Tensor& w, int64_t r0,
+                        int64_t rows, int64_t t0, int64_t t1, int64_t tile_cols, int64_t tiles,
+                        int64_t state_r0, TileState* states, cudaStream_t stream);
+
+// G = d objective / d u (pass 2, from the rows' RowInfo) for rows
+// [r0, r0 + rows) and classes [j0, j0 + cols), at g[(i - r0) * g_ld + j - j0]
+// as g_dtype, rounded to round_to first (kernels.h, dlogits).
+std::string gemm_dlogits(const LossArgs& args, const Tensor& x, const Tensor& w, int64_t r0,
+                         int64_t rows, int64_t j0, int64_t cols, void* g, Dtype g_dtype,
+                         int64_t g_ld, Dtype round_to, cudaStream_t stream);
+
+// c[i, j] = x_i . W_j in f32 for i < x's rows, j < W's rows (c row-major with
+// leading dimension ldc): the same tensor-core loop with a plain store, so
+// tests can check the loop on its own against cuBLAS.
+std::string gemm_f32(const Tensor& x, const Tensor& w, float* c, int64_t ldc, cudaStream_t stream);
+
+}  // namespace flce::cuda::sm90
