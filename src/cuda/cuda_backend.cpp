@@ -208,9 +208,10 @@ class CudaBackend final : public Backend {
     cudaDeviceProp prop{};
     cudaGetDeviceProperties(&prop, 0);
     const bool hopper = prop.major == 9 && prop.minor == 0;
-    return std::string(hopper ? "score GEMMs fused with their softmax epilogues (wgmma; bf16/f16), " : "") +
-           "cuBLAS GEMMs on vocab tiles + fused softmax and dlogits kernels; device 0: " +
-           prop.name + " (sm_" + std::to_string(prop.major * 10 + prop.minor) + ")";
+    return std::string("cuBLAS GEMMs on vocab tiles + fused softmax and dlogits kernels") +
+           (hopper ? " (bf16/f16: one wgmma kernel for each score GEMM and its epilogue)" : "") +
+           "; device 0: " + prop.name + " (sm_" + std::to_string(prop.major * 10 + prop.minor) +
+           ")";
   }
 
   Support supports(const Problem& p, Pass, const RunConfig&) const override {

@@ -130,18 +130,6 @@ struct Quad {
   }
 };
 
-// A stashed score's code: the f16 bits of ref - s, finite differences
-// clamped to the f16 range (an infinity or NaN stays one), rounded to
-// nearest even; and back, s = ref - f32(code) (kernels.h, Stash).
-__device__ uint16_t stash_code(float ref, float s) {
-  float d = ref - s;
-  if (fabsf(d) < kInf) d = fminf(fmaxf(d, -65504.0f), 65504.0f);
-  return __half_as_ushort(__float2half_rn(d));
-}
-__device__ float unstash(float ref, uint16_t code) {
-  return ref - __half2float(__ushort_as_half(code));
-}
-
 // Codes of the n <= 4 scores s from column c: one 8-byte store when aligned
 // and full.
 __device__ void store_codes(uint16_t* codes, int c, int n, float ref, const float s[4],
@@ -464,13 +452,15 @@ __global__ void dlogits_kernel(LossArgs g, ScoreTile tile, void* out, int64_t ou
   const DlogitsRow<kRound, kForm> row(g, g.rows[i], tile.j0, cols);
   const float* u = kStashed ? nullptr : tile.u + r * tile.ld;
   const uint16_t* codes = kStashed ? tile.stash.codes + r * tile.stash.codes_ld : nullptr;
-  const float ref = kStashed ? tile.stash.refs[r * tile.stash.refs_ld] : 0.0f;
+  const float* refs = kStashed ? tile.stash.refs + r * tile.stash.refs_ld : nullptr;
+  const bool ref_per_group = kStashed && tile.stash.ref_cols < cols;  // the fused kernel's
   T* g_row = out ? static_cast<T*>(out) + r * out_ld : nullptr;
   const bool aligned = (kStashed ? reinterpret_cast<uintptr_t>(codes) % 8 == 0
                                  : reinterpret_cast<uintptr_t>(u) % 16 == 0) &&
                        reinterpret_cast<uintptr_t>(g_row) % (4 * sizeof(T)) == 0;
   for (int c = 4 * threadIdx.x; c < cols; c += 4 * kDlogitsThreads) {
     const int n = cols - c < 4 ? cols - c : 4;
+    const float ref = !kStashed ? 0.0f : refs[ref_per_group ? c / tile.stash.ref_cols : 0];
     const Quad uq = kStashed ? unstash_quad(codes, ref, c, n, aligned) : Quad(u, c, n, aligned);
     float v[4];
 #pragma unroll

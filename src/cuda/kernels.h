@@ -84,12 +84,14 @@ struct LossArgs {
   double* row_loss = nullptr;  // [N]
 };
 
-// Where a stashed tile's scores live (plan.h): the f16 bits of ref_r - s
-// at codes[r * codes_ld + c], ref_r at refs[r * refs_ld].
+// Where a stashed tile's scores live (plan.h): the f16 bits of ref - s at
+// codes[r * codes_ld + c], with the ref of row r and tile column c at
+// refs[r * refs_ld + c / ref_cols] (one ref per tile from tile_states,
+// ref_cols >= the tile's width; one per 256 classes from the fused kernel).
 struct Stash {
   uint16_t* codes = nullptr;
   float* refs = nullptr;
-  int64_t codes_ld = 0, refs_ld = 0;
+  int64_t codes_ld = 0, refs_ld = 0, ref_cols = 0;
   FLCE_HOST_DEVICE bool present() const { return codes != nullptr; }
 };
 

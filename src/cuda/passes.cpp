@@ -54,9 +54,30 @@ Stash stash_at(const Context& c, int64_t r0, int64_t j0) {
   st.codes = static_cast<uint16_t*>(c.p.grad_w.data) + b * N * C + r0 * block_cols +
              (j0 - block_j0);
   st.codes_ld = block_cols;
-  st.refs = c.ws.stash_refs + r0 * plan.stash_tiles + j0 / plan.tile_cols;
-  st.refs_ld = plan.stash_tiles;
+  st.refs = c.ws.stash_refs + r0 * plan.stash_refs +
+            j0 / plan.tile_cols * plan.stash_refs_per_tile;
+  st.refs_ld = plan.stash_refs;
+  st.ref_cols = plan.stash_ref_cols;
   return st;
+}
+
+// Pass 1 for rows s0 .. s0+srows on the sm90 kernel: the stashed tiles
+// (writing their codes), then the rest.
+std::string fused_states(const Context& c, int64_t s0, int64_t srows) {
+  const Plan& plan = c.plan;
+  sm90::StashOut stash;
+  stash.codes = static_cast<uint16_t*>(c.p.grad_w.data);
+  stash.refs = c.ws.stash_refs;
+  stash.n = plan.d.n, stash.block_cols = plan.block_cols;
+  stash.refs_ld = plan.stash_refs, stash.refs_per_tile = plan.stash_refs_per_tile;
+  if (plan.stash_tiles > 0)
+    FLCE_TRY(sm90::gemm_states(c.args, c.p.x, c.p.w, s0, srows, 0, plan.stash_tiles,
+                               plan.tile_cols, plan.tiles, s0, c.ws.states, stash, c.stream));
+  if (plan.stash_tiles < plan.tiles)
+    FLCE_TRY(sm90::gemm_states(c.args, c.p.x, c.p.w, s0, srows, plan.stash_tiles, plan.tiles,
+                               plan.tile_cols, plan.tiles, s0, c.ws.states, sm90::StashOut{},
+                               c.stream));
+  return "";
 }
 
 }  // namespace
@@ -70,22 +91,20 @@ std::string statistics_pass(const Context& c) {
   }
   for (int64_t s0 = 0; s0 < N; s0 += plan.state_rows) {
     const int64_t srows = std::min(plan.state_rows, N - s0);
-    // Tiles [0, cublas_tiles) by a cuBLAS GEMM and tile_states (every tile,
-    // or the stashed ones, which need their scores in memory); the rest fused.
-    const int64_t cublas_tiles = plan.fused ? plan.stash_tiles : plan.tiles;
-    for (int64_t t = 0; t < cublas_tiles; ++t) {  // W's tile stays in L2 across row tiles
-      const int64_t j0 = t * plan.tile_cols, cols = std::min(plan.tile_cols, V - j0);
-      for (int64_t r0 = s0; r0 < s0 + srows; r0 += plan.tile_rows) {
-        ScoreTile tile;
-        FLCE_TRY(load_scores(c, r0, std::min(plan.tile_rows, s0 + srows - r0), j0, cols, &tile));
-        if (plan.stashed(j0)) tile.stash = stash_at(c, r0, j0);
-        tile_states(c.args, tile, t, plan.tiles, s0, c.ws.states, c.stream);
-        FLCE_TRY(last_launch_error("tile_states"));
+    if (plan.fused) {
+      FLCE_TRY(fused_states(c, s0, srows));
+    } else {
+      for (int64_t t = 0; t < plan.tiles; ++t) {  // W's tile stays in L2 across row tiles
+        const int64_t j0 = t * plan.tile_cols, cols = std::min(plan.tile_cols, V - j0);
+        for (int64_t r0 = s0; r0 < s0 + srows; r0 += plan.tile_rows) {
+          ScoreTile tile;
+          FLCE_TRY(load_scores(c, r0, std::min(plan.tile_rows, s0 + srows - r0), j0, cols, &tile));
+          if (plan.stashed(j0)) tile.stash = stash_at(c, r0, j0);
+          tile_states(c.args, tile, t, plan.tiles, s0, c.ws.states, c.stream);
+          FLCE_TRY(last_launch_error("tile_states"));
+        }
       }
     }
-    if (cublas_tiles < plan.tiles)
-      FLCE_TRY(sm90::gemm_states(c.args, c.p.x, c.p.w, s0, srows, cublas_tiles, plan.tiles,
-                                 plan.tile_cols, plan.tiles, s0, c.ws.states, c.stream));
     merge_rows(c.args, c.ws.states, plan.tiles, s0, srows, true, c.stream);
     FLCE_TRY(last_launch_error("merge_rows"));
   }
@@ -214,7 +233,7 @@ std::string grad_w_gemm(const Context& c, int64_t b0, int64_t brows, int64_t j0,
 std::string gradient_block(const Context& c, int64_t b0, int64_t brows, int64_t j0, int64_t cols) {
   const Plan& plan = c.plan;
   const size_t g_size = dtype_size(plan.grad_gemm);
-  if (plan.fused && !plan.stashed(j0)) {  // one kernel, no score tiles (a stash covers whole blocks)
+  if (plan.fused && !plan.stashed(j0)) {  // one kernel, no score tiles (stashes are whole blocks)
     FLCE_TRY(sm90::gemm_dlogits(c.args, c.p.x, c.p.w, b0, brows, j0, cols, c.ws.g,
                                 plan.grad_gemm, plan.block_cols, plan.round_to, c.stream));
   } else {

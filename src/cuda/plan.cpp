@@ -110,6 +110,9 @@ Plan make_plan(const Problem& p, Pass pass) {
                          plan.block_rows >= N;
     plan.stash_cols = stashable_cols(p, plan);
     plan.stash_tiles = (plan.stash_cols + plan.tile_cols - 1) / plan.tile_cols;
+    plan.stash_ref_cols = plan.fused ? sm90::kStashRefCols : plan.tile_cols;
+    plan.stash_refs_per_tile = (plan.tile_cols + plan.stash_ref_cols - 1) / plan.stash_ref_cols;
+    plan.stash_refs = plan.stash_tiles * plan.stash_refs_per_tile;
     (void)H;
   }
   return plan;
@@ -134,9 +137,7 @@ Sizes sizes_of(const Plan& plan, const Problem& p) {
   s.bytes[3] = p.class_weights.present() ? size_t(V) * 4 : 0;
   s.bytes[4] = p.bias.present() ? size_t(V) * 4 : 0;
   s.bytes[5] = plan.states_pass ? size_t(plan.state_rows * plan.tiles) * sizeof(TileState) : 0;
-  // The f32 score tile: unless fused, where only pass 1's stashed tiles need it.
-  const bool scores = !plan.fused || plan.stash_tiles > 0;
-  s.bytes[6] = scores ? size_t(plan.tile_rows * plan.tile_cols) * 4 : 0;
+  s.bytes[6] = plan.fused ? 0 : size_t(plan.tile_rows * plan.tile_cols) * 4;  // the f32 score tile
   s.bytes[7] = gemms ? size_t(plan.block_rows * plan.block_cols) * g_size : 0;
   s.bytes[8] = gemms && p.grad_x.present() && !plan.grad_x_in_place ? size_t(N * H) * 4 : 0;
   s.bytes[9] = gemms && p.grad_w.present() && !plan.grad_w_in_place && !plan.grad_w_direct
@@ -146,7 +147,7 @@ Sizes sizes_of(const Plan& plan, const Problem& p) {
   const bool convert = gemms && plan.grad_gemm != plan.storage;
   s.bytes[11] = convert ? size_t(plan.block_rows * H) * g_size : 0;
   s.bytes[12] = convert ? size_t(plan.block_cols * H) * g_size : 0;
-  s.bytes[13] = size_t(N * plan.stash_tiles) * 4;
+  s.bytes[13] = size_t(N * plan.stash_refs) * 4;
   return s;
 }
 

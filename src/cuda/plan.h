@@ -18,7 +18,8 @@
 // Stashed scores: pass 2 recomputes every score tile (a fourth GEMM), except
 // in the first stash_cols classes, whose scores pass 1 keeps as the f16 bits
 // of ref - s (ref = the row's max in that tile) in grad_W's own memory,
-// which is free until pass 2 writes it. The codes of gradient block b (all
+// which is free until pass 2 writes it (the ref: per tile, or per 256
+// classes when pass 1 is fused). The codes of gradient block b (all
 // N rows x its cols, row-major) start at byte 2 N block_cols b; grad_W
 // rows of the blocks before b end at byte block_cols b H |grad_W dtype|, so
 // with H |dtype| <= 2 N pass 2 never overwrites codes it has yet to read.
@@ -53,6 +54,8 @@ struct Plan {
   bool fused = false;            // sm90 kernels multiply and fold the tiles not stashed
   int64_t stash_cols = 0;        // classes [0, stash_cols) are stashed (a whole number of blocks, or V)
   int64_t stash_tiles = 0;       // the score tiles they span
+  int64_t stash_ref_cols = 0;    // classes per ref (a tile's, or sm90::kStashRefCols when fused)
+  int64_t stash_refs_per_tile = 0, stash_refs = 0;  // refs per (row, tile) and per row
 
   bool stashed(int64_t j0) const { return j0 < stash_cols; }
 };

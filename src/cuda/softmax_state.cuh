@@ -31,6 +31,18 @@ inline __device__ int label_column(int64_t y, int64_t j0, int cols) {
   return y >= j0 && y < j0 + cols ? int(y - j0) : -1;
 }
 
+// A stashed score's code: the f16 bits of ref - s, finite differences
+// clamped to the f16 range (an infinity or NaN stays one), rounded to
+// nearest even; and back, s = ref - f32(code) (kernels.h, Stash).
+inline __device__ uint16_t stash_code(float ref, float s) {
+  float d = ref - s;
+  if (fabsf(d) < kInf) d = fminf(fmaxf(d, -65504.0f), 65504.0f);
+  return __half_as_ushort(__float2half_rn(d));
+}
+inline __device__ float unstash(float ref, uint16_t code) {
+  return ref - __half2float(__ushort_as_half(code));
+}
+
 // What the per-element hot loops read, in f32 and relative to the tile's
 // first column: no double arithmetic or 64-bit indexing per element.
 struct TileParams {

@@ -16,7 +16,7 @@ flce = import_flce()
 if not torch.cuda.is_available():
     pytest.skip("torch sees no CUDA device", allow_module_level=True)
 _CUDA = dict(flce.backends()).get("cuda", "not listed")
-if not _CUDA.startswith("cuBLAS"):
+if _CUDA == "not listed" or _CUDA.startswith("declines every problem here"):
     pytest.skip(f"flce's cuda backend cannot run here: {_CUDA}", allow_module_level=True)
 
 DEV = torch.device("cuda", 0)

@@ -32,6 +32,7 @@ namespace {
 
 constexpr int kRows = 128;             // rows of a block: two consumer warpgroups
 constexpr int kCols = 256;             // classes per accumulator (the wgmma's N)
+static_assert(kCols == kStashRefCols, "one stash ref per subtile");
 constexpr int kDepth = 64;             // K per stage: one 128-byte swizzle row of 16-bit values
 constexpr int kStages = 4;
 constexpr int kThreads = 384;
@@ -99,11 +100,12 @@ struct StoreF32 {
 
 // Softmax states (gemm_states). The flags compile out what a call does not
 // need, as tile_states_kernel's do.
-template <bool kSbar, bool kSumCs, bool kSoftcap, bool kRaw, bool kArgmax>
+template <bool kSbar, bool kSumCs, bool kSoftcap, bool kRaw, bool kArgmax, bool kStash>
 struct States {
   LossArgs g;
   TileState* states;
   int64_t state_r0, tiles, t0;
+  StashOut stash;
 
   // One row's running state over the chunk (columns relative to its start).
   struct Row {
@@ -116,14 +118,16 @@ struct States {
     const TileParams q;  // at class 0
     RowInfo* info;
     TileState* states;
-    int64_t state_r0, tiles, t, c_begin, row_end;
+    StashOut stash;
+    int64_t state_r0, tiles, t, c_begin, row_end, v;
     int quad;
     Row rows[2];
 
     __device__ Thread(const States& e, const Grid& grid, int64_t row_a, int64_t c_begin,
                       int64_t chunk)
-        : q(e.g, 0), info(e.g.rows), states(e.states), state_r0(e.state_r0), tiles(e.tiles),
-          t(e.t0 + chunk), c_begin(c_begin), row_end(grid.row_end), quad(threadIdx.x % 4) {
+        : q(e.g, 0), info(e.g.rows), states(e.states), stash(e.stash), state_r0(e.state_r0),
+          tiles(e.tiles), t(e.t0 + chunk), c_begin(c_begin), row_end(grid.row_end), v(e.g.v),
+          quad(threadIdx.x % 4) {
       const DView& labels = e.g.labels;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -149,8 +153,44 @@ struct States {
         for (int r = 0; r < 128; ++r)
           if (column_of(r, quad) >= limit) d[r] = -kInf;
       }
+      if (kStash) stash_subtile(d, n0, limit);
       fold(rows[0], d, 0, n0, limit);
       fold(rows[1], d, 1, n0, limit);
+    }
+
+    // The subtile's codes f16(ref - s), ref = shift_of(the row's max over
+    // the subtile), as tile_states writes a tile's (kernels.h, Stash).
+    __device__ void stash_subtile(const float (&d)[128], int64_t n0, int limit) {
+      const int64_t b = n0 / stash.block_cols, block_j0 = b * stash.block_cols;
+      const int64_t block_cols = v - block_j0 < stash.block_cols ? v - block_j0 : stash.block_cols;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float m = -kInf;
+#pragma unroll
+        for (int j = 0; j < 32; ++j) m = fmaxf(m, fmaxf(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));  // the row's four threads
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        const float ref = shift_of(m);
+        const int64_t i = rows[h].i;
+        if (i >= row_end) continue;
+        uint16_t* codes = stash.codes + b * stash.n * stash.block_cols + i * block_cols +
+                          (n0 - block_j0);
+        const bool pairs = limit >= kCols && reinterpret_cast<uintptr_t>(codes) % 4 == 0;
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+          const int col = 8 * j + 2 * quad;
+          const uint16_t c0 = stash_code(ref, d[4 * j + 2 * h]);
+          const uint16_t c1 = stash_code(ref, d[4 * j + 2 * h + 1]);
+          if (pairs) {
+            *reinterpret_cast<uint32_t*>(codes + col) = uint32_t(c0) | uint32_t(c1) << 16;
+          } else {
+            if (col < limit) codes[col] = c0;
+            if (col + 1 < limit) codes[col + 1] = c1;
+          }
+        }
+        if (quad == 0)
+          stash.refs[i * stash.refs_ld + t * stash.refs_per_tile + (n0 - c_begin) / kCols] = ref;
+      }
     }
 
     // Folds row h's 64 scores of this subtile: one group max and at most one
@@ -392,11 +432,13 @@ std::string tensor_map(const Tensor& t, int64_t rows, uint32_t box_rows, CUtenso
   const cuuint32_t box[2] = {kDepth, box_rows};
   const cuuint32_t element_strides[2] = {1, 1};
   const CUresult r = encode(
-      map, t.dtype == Dtype::f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+      map,
+      t.dtype == Dtype::f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
       2, t.data, dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) return "cuTensorMapEncodeTiled failed (CUresult " + std::to_string(r) + ")";
+  if (r != CUDA_SUCCESS)
+    return "cuTensorMapEncodeTiled failed (CUresult " + std::to_string(r) + ")";
   return "";
 }
 
@@ -428,17 +470,29 @@ std::string launch_for(const Tensor& x, const Tensor& w, const Grid& grid, const
 
 int k_tiles(const Tensor& x) { return int((x.shape[1] + kDepth - 1) / kDepth); }
 
+template <bool kRaw, int F>
+std::string launch_states(const LossArgs& args, const Tensor& x, const Tensor& w, const Grid& grid,
+                          TileState* states, int64_t state_r0, int64_t tiles, int64_t t0,
+                          const StashOut& stash, cudaStream_t stream) {
+  constexpr bool kSbar = F & 8, kSumCs = F & 4, kSoftcap = F & 2, kArgmax = F & 1;
+  if (stash.codes == nullptr) {
+    const States<kSbar, kSumCs, kSoftcap, kRaw, kArgmax, false> epi{args,     states, state_r0,
+                                                                    tiles,    t0,     stash};
+    return launch_for(x, w, grid, epi, stream);
+  }
+  if (x.dtype != Dtype::bf16) return "gemm_states: a stash needs bf16 storage";
+  const States<kSbar, kSumCs, kSoftcap, kRaw, kArgmax, true> epi{args, states, state_r0,
+                                                                 tiles, t0,     stash};
+  return launch<false>(x, w, grid, epi, stream);
+}
+
 template <int F>
 std::string launch_states(const LossArgs& args, const Tensor& x, const Tensor& w, const Grid& grid,
                           TileState* states, int64_t state_r0, int64_t tiles, int64_t t0,
-                          cudaStream_t stream) {
-  constexpr bool kSbar = F & 8, kSumCs = F & 4, kSoftcap = F & 2, kArgmax = F & 1;
-  if (args.a == 1 && args.bias_f32 == nullptr) {
-    States<kSbar, kSumCs, kSoftcap, true, kArgmax> epi{args, states, state_r0, tiles, t0};
-    return launch_for(x, w, grid, epi, stream);
-  }
-  States<kSbar, kSumCs, kSoftcap, false, kArgmax> epi{args, states, state_r0, tiles, t0};
-  return launch_for(x, w, grid, epi, stream);
+                          const StashOut& stash, cudaStream_t stream) {
+  if (args.a == 1 && args.bias_f32 == nullptr)
+    return launch_states<true, F>(args, x, w, grid, states, state_r0, tiles, t0, stash, stream);
+  return launch_states<false, F>(args, x, w, grid, states, state_r0, tiles, t0, stash, stream);
 }
 
 template <typename T, int kRound>
@@ -502,14 +556,15 @@ std::string fused_declines(const Problem& p) {
 
 std::string gemm_states(const LossArgs& args, const Tensor& x, const Tensor& w, int64_t r0,
                         int64_t rows, int64_t t0, int64_t t1, int64_t tile_cols, int64_t tiles,
-                        int64_t state_r0, TileState* states, cudaStream_t stream) {
+                        int64_t state_r0, TileState* states, const StashOut& stash,
+                        cudaStream_t stream) {
   const Grid grid{r0, r0 + rows, t0 * tile_cols, tile_cols, std::min(args.v, t1 * tile_cols),
                   k_tiles(x)};
   const int flags = (args.need_sbar ? 8 : 0) | (args.e > 0 ? 4 : 0) | (args.k > 0 ? 2 : 0) |
                     (args.argmax.present() ? 1 : 0);
   switch (flags) {
 #define FLCE_STATES(F) \
-  case F: return launch_states<F>(args, x, w, grid, states, state_r0, tiles, t0, stream);
+  case F: return launch_states<F>(args, x, w, grid, states, state_r0, tiles, t0, stash, stream);
     FLCE_STATES(0) FLCE_STATES(1) FLCE_STATES(2) FLCE_STATES(3)
     FLCE_STATES(4) FLCE_STATES(5) FLCE_STATES(6) FLCE_STATES(7)
     FLCE_STATES(8) FLCE_STATES(9) FLCE_STATES(10) FLCE_STATES(11)

@@ -33,12 +33,27 @@ std::string fused_declines(const Problem& p);
 // "" or a message naming a malformed FLCE_CUDA_FUSED.
 std::string check_fused_env();
 
+// Classes per stash ref in gemm_states' codes (one per 256-class subtile).
+constexpr int64_t kStashRefCols = 256;
+
+// Where gemm_states stashes the tiles' scores (plan.h; codes null: it does
+// not): the codes of class block b (block_cols classes, all n rows,
+// row-major) from codes + b n block_cols; the ref of row i and class j of
+// tile t at refs[i * refs_ld + t * refs_per_tile + (j - t tile_cols) / 256].
+// Only for bf16 storage (the stash needs G rounded to bf16).
+struct StashOut {
+  uint16_t* codes = nullptr;
+  float* refs = nullptr;
+  int64_t n = 0, block_cols = 0, refs_ld = 0, refs_per_tile = 0;
+};
+
 // states[(i - state_r0) * tiles + t] for rows i in [r0, r0 + rows) and score
-// tiles t in [t0, t1) of tile_cols classes each, and RowInfo::s_y of those
-// rows whose label falls in those tiles.
+// tiles t in [t0, t1) of tile_cols classes each, RowInfo::s_y of those rows
+// whose label falls in those tiles, and their stash when stash.codes is set.
 std::string gemm_states(const LossArgs& args, const Tensor& x, const Tensor& w, int64_t r0,
                         int64_t rows, int64_t t0, int64_t t1, int64_t tile_cols, int64_t tiles,
-                        int64_t state_r0, TileState* states, cudaStream_t stream);
+                        int64_t state_r0, TileState* states, const StashOut& stash,
+                        cudaStream_t stream);
 
 // G = d objective / d u (pass 2, from the rows' RowInfo) for rows
 // [r0, r0 + rows) and classes [j0, j0 + cols), at g[(i - r0) * g_ld + j - j0]
