@@ -21,7 +21,7 @@
 
 #include "cuda/gemm.h"
 #include "cuda/plan.h"
-#include "cuda/sm90/gemm_states.h"
+#include "cuda/sm90/score_gemms.h"
 #endif
 #include "flce/flce.h"
 #include "support/agreement.h"
@@ -452,7 +452,7 @@ std::string command_output(const std::string& command, int* status) {
 // `flce run --backend cuda` (host .npy in, device buffers inside, .npy out)
 // against `--backend reference`: norm-wise within 1e-4, the order of the f32
 // policy's bound (V + H) u for V = 300 (agreement itself is tested above).
-// ---- Score GEMMs fused with their epilogues on an H100 (cuda/sm90/gemm_states.h)
+// ---- Score GEMMs fused with their epilogues on an H100 (cuda/sm90/score_gemms.h)
 
 #ifdef FLCE_HAVE_CUDA
 // Why this GPU does not take the fused kernels for a bf16 head, or "".

@@ -17,7 +17,7 @@
 #include "cuda/kernels.h"
 #include "cuda/passes.h"
 #include "cuda/plan.h"
-#include "cuda/sm90/gemm_states.h"
+#include "cuda/sm90/score_gemms.h"
 
 namespace flce {
 namespace {

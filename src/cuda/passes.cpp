@@ -5,7 +5,7 @@
 #include <algorithm>
 
 #include "cuda/gemm.h"
-#include "cuda/sm90/gemm_states.h"
+#include "cuda/sm90/score_gemms.h"
 
 namespace flce::cuda {
 namespace {

@@ -11,7 +11,7 @@
 // The pass over the vocabulary for lse (pass 1) keeps one TileState per
 // (row, score tile) for state_rows rows at a time.
 //
-// Fused score GEMMs (sm90/gemm_states.h): on an H100 with bf16 or f16
+// Fused score GEMMs (sm90/score_gemms.h): on an H100 with bf16 or f16
 // storage, the score tiles of both passes never exist: pass 1's kernel
 // multiplies and folds the states, pass 2's multiplies and writes G.
 //

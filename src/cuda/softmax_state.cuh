@@ -1,5 +1,5 @@
 // src/cuda/softmax_state.cuh: what the `cuda` backend's score kernels share
-// (kernels.cu's tile_states and dlogits, sm90/gemm_states.cu's fused
+// (kernels.cu's tile_states and dlogits, sm90/score_gemms.cu's fused
 // epilogues): the score formula, the per-row softmax state pass 1 folds, and
 // G's formula for pass 2. Device code only (internal).
 #pragma once

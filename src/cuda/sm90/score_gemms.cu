@@ -1,18 +1,20 @@
-// Pass 1 fused into its GEMM on Hopper (gemm_states.h has the contract).
+// The score GEMMs of passes 1 and 2 fused with their epilogues on Hopper
+// (score_gemms.h has the contract).
 //
-// A block of 384 threads owns 128 rows and one score tile's classes:
+// A block of 384 threads owns 128 rows and a run of classes (one score
+// tile's in pass 1, kDlogitsChunk in pass 2), 256 at a time:
 //   warpgroup 0     the producer: one thread issues TMA loads of x's
 //                   [128 x 64] and W's [256 x 64] slices into a ring of
 //                   kStages shared-memory stages (128-byte swizzle);
 //   warpgroups 1-2  the consumers: 64 rows each, a [64 x 256] f32
 //                   accumulator in registers (wgmma m64n256k16, 128 floats
-//                   a thread), then the epilogue folds those scores into the
-//                   rows' states and the next 256 classes begin.
+//                   a thread), then the epilogue (States, Dlogits or
+//                   StoreF32) works on them, and the next 256 classes begin.
 // Stages are handed over with mbarriers: `full` (the TMA's bytes arrived)
 // and `empty` (every consumer warp is done reading). Each state is folded
 // in a fixed order (columns ascending within a thread, a fixed butterfly
 // over the four threads of a row), so results are bitwise reproducible.
-#include "cuda/sm90/gemm_states.h"
+#include "cuda/sm90/score_gemms.h"
 
 #include <cuda.h>
 #include <cuda_bf16.h>

@@ -1,8 +1,8 @@
-// src/cuda/sm90/gemm_states.h: the score GEMMs of passes 1 and 2 fused with
+// src/cuda/sm90/score_gemms.h: the score GEMMs of passes 1 and 2 fused with
 // what reads their scores, on Hopper (sm_90a; internal).
 //
-// One kernel computes the raw logits u = x . W_j of a [128 rows x 256
-// classes] block on the tensor cores (TMA loads, wgmma) and folds them
+// One kernel (gemm_states) computes the raw logits u = x . W_j of a [128 x 256
+// class] block on the tensor cores (TMA loads, wgmma) and folds them
 // into the rows' softmax states while they are still in registers: the
 // score tile never goes to memory. Each block of 128 rows walks one score
 // tile's classes (plan.tile_cols) 256 at a time and writes one TileState
