@@ -40,11 +40,6 @@ __device__ void store_at(const DView& t, int64_t off, double v) {
   }
 }
 
-__device__ int64_t load_int(const DView& t, int64_t i) {
-  if (Dtype(t.dtype) == Dtype::i32) return static_cast<const int32_t*>(t.data)[i * t.s0];
-  return static_cast<const int64_t*>(t.data)[i * t.s0];
-}
-
 __device__ double load1(const DView& t, int64_t i) { return load_at(t, i * t.s0); }
 __device__ void store1(const DView& t, int64_t i, double v) { store_at(t, i * t.s0, v); }
 __device__ double opt1(const DView& t, int64_t i, double absent) {

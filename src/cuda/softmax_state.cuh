@@ -18,6 +18,12 @@ constexpr float kInf = INFINITY;
 
 // ---- the semantics shared by the kernels ------------------------------------
 
+// Element i of an integer vector (i32 or i64), e.g. a row's label.
+inline __device__ int64_t load_int(const DView& t, int64_t i) {
+  if (Dtype(t.dtype) == Dtype::i32) return static_cast<const int32_t*>(t.data)[i * t.s0];
+  return static_cast<const int64_t*>(t.data)[i * t.s0];
+}
+
 inline __device__ float shift_of(float m) { return isfinite(m) ? m : 0.0f; }
 
 inline __device__ int64_t min_index(int64_t a, int64_t b) {

@@ -130,15 +130,11 @@ struct States {
         : q(e.g, 0), info(e.g.rows), states(e.states), stash(e.stash), state_r0(e.state_r0),
           tiles(e.tiles), t(e.t0 + chunk), c_begin(c_begin), row_end(grid.row_end), v(e.g.v),
           quad(threadIdx.x % 4) {
-      const DView& labels = e.g.labels;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int64_t i = row_a + 8 * h;
         rows[h].i = i;
-        if (i >= row_end) continue;
-        rows[h].y = Dtype(labels.dtype) == Dtype::i32
-                        ? static_cast<const int32_t*>(labels.data)[i * labels.s0]
-                        : static_cast<const int64_t*>(labels.data)[i * labels.s0];
+        if (i < row_end) rows[h].y = load_int(e.g.labels, i);
       }
     }
 
