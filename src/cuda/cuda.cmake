@@ -39,8 +39,13 @@ if(FLCE_HAVE_CUDA)
     ${_flce_cuda_dir}/device_copy.cpp)
   # The fused Hopper kernels (src/cuda/sm90/) use wgmma and TMA, which only
   # sm_90a has: their own object library, built for that architecture alone
-  # whatever CMAKE_CUDA_ARCHITECTURES says (nvcc 12 or newer).
-  add_library(flce_sm90 OBJECT ${_flce_cuda_dir}/sm90/score_gemms.cu)
+  # whatever CMAKE_CUDA_ARCHITECTURES says (nvcc 12 or newer). Pass 1's
+  # kernels are split over four files so that they compile in parallel.
+  add_library(flce_sm90 OBJECT ${_flce_cuda_dir}/sm90/score_gemms.cu
+                               ${_flce_cuda_dir}/sm90/score_states_0.cu
+                               ${_flce_cuda_dir}/sm90/score_states_1.cu
+                               ${_flce_cuda_dir}/sm90/score_states_2.cu
+                               ${_flce_cuda_dir}/sm90/score_states_3.cu)
   target_include_directories(flce_sm90 PRIVATE ${PROJECT_SOURCE_DIR}/include
                                                ${PROJECT_SOURCE_DIR}/src)
   set_target_properties(flce_sm90 PROPERTIES CUDA_ARCHITECTURES OFF CUDA_STANDARD 17
