@@ -1,15 +1,8 @@
 // src/cuda/sm90/epilogues.cuh: what gemm_rows_kernel's consumer threads do
 // with their accumulators (internal): StoreF32 (the plain product), States
-// (pass 1's softmax states and stash) and Dlogits (pass 2's G).
-//
-// Each consumer thread builds two Threads of its epilogue, one per 64-row
-// half of the block (`top`, `bottom`). A Thread holds two rows, row_a and
-// row_a + 8, and subtile() gets their accumulators: kAcc floats, register r
-// at row row_a + 8 ((r >> 1) & 1), column 8 (r / 4) + 2 (lane % 4) + (r & 1)
-// of the subtile (wgmma.cuh). An epilogue whose results fold over the
-// subtiles (States) sets kMergesConsumers: consumer 1 publish()es its rows'
-// states to shared memory and consumer 0 finish()es by merging them after
-// its own.
+// (pass 1's softmax states and stash) and Dlogits (pass 2's G). Each has a
+// Thread built once per consumer thread, whose subtile() takes each
+// accumulator block and end() runs after the last.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -20,6 +13,8 @@
 #include "cuda/sm90/score_gemms.h"
 
 namespace flce::cuda::sm90 {
+// A consumer thread holds rows row_a = 16 warp + lane/4 and row_a + 8 of its
+// warpgroup's 64, columns 8 j + 2 (lane % 4) + {0, 1} for j < 32 (wgmma.cuh).
 
 inline __device__ int column_of(int r, int quad) { return 8 * (r / 4) + 2 * quad + (r & 1); }
 
@@ -36,24 +31,24 @@ inline __device__ void store_pair(__half* p, float a, float b) {
 
 // The plain product (gemm_f32).
 struct StoreF32 {
-  static constexpr bool kMergesConsumers = false;
   float* c;
   int64_t ldc;
 
   struct Thread {
-    const StoreF32& e;
-    int64_t row_a, row_end;
+    float* c;
+    int64_t ldc, row_a, row_end;
     int quad;
     __device__ Thread(const StoreF32& e, const Grid& g, int64_t row_a, int64_t, int64_t)
-        : e(e), row_a(row_a), row_end(g.row_end), quad(threadIdx.x % 4) {}
-    __device__ void subtile(float (&d)[kAcc], int64_t n0, int limit) {
+        : c(e.c), ldc(e.ldc), row_a(row_a), row_end(g.row_end), quad(threadIdx.x % 4) {}
+    __device__ void subtile(float (&d)[128], int64_t n0, int limit) {
 #pragma unroll
-      for (int r = 0; r < kAcc; ++r) {
+      for (int r = 0; r < 128; ++r) {
         const int64_t i = row_a + ((r >> 1) & 1) * 8;
         const int col = column_of(r, quad);
-        if (i < row_end && col < limit) e.c[i * e.ldc + n0 + col] = d[r];
+        if (i < row_end && col < limit) c[i * ldc + n0 + col] = d[r];
       }
     }
+    __device__ void end() {}
   };
 };
 
@@ -61,14 +56,12 @@ struct StoreF32 {
 // need, as tile_states_kernel's do.
 template <bool kSbar, bool kSumCs, bool kSoftcap, bool kRaw, bool kArgmax, bool kStash>
 struct States {
-  static constexpr bool kMergesConsumers = true;
   LossArgs g;
   TileState* states;
   int64_t state_r0, tiles, t0;
   StashOut stash;
 
-  // One row's running state over this consumer's subtiles (columns relative
-  // to the chunk's start).
+  // One row's running state over the chunk (columns relative to its start).
   struct Row {
     float max = -kInf, sum_exp = 0, sum_exp_s = 0, sum_cs = 0;
     int arg_c = -1, nan_c = -1;
@@ -76,15 +69,18 @@ struct States {
   };
 
   struct Thread {
-    const States& e;
     const TileParams q;  // at class 0
-    int64_t t, c_begin, row_end;
+    RowInfo* info;
+    TileState* states;
+    StashOut stash;
+    int64_t state_r0, tiles, t, c_begin, row_end, v;
     int quad;
     Row rows[2];
 
     __device__ Thread(const States& e, const Grid& grid, int64_t row_a, int64_t c_begin,
                       int64_t chunk)
-        : e(e), q(e.g, 0), t(e.t0 + chunk), c_begin(c_begin), row_end(grid.row_end),
+        : q(e.g, 0), info(e.g.rows), states(e.states), stash(e.stash), state_r0(e.state_r0),
+          tiles(e.tiles), t(e.t0 + chunk), c_begin(c_begin), row_end(grid.row_end), v(e.g.v),
           quad(threadIdx.x % 4) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -95,16 +91,16 @@ struct States {
     }
 
     // Scores in place of the raw logits; classes past the chunk are -inf.
-    __device__ void subtile(float (&d)[kAcc], int64_t n0, int limit) {
+    __device__ void subtile(float (&d)[128], int64_t n0, int limit) {
 #pragma unroll
-      for (int r = 0; r < kAcc; ++r) {
+      for (int r = 0; r < 128; ++r) {
         const int col = column_of(r, quad);
         const float z = kRaw ? d[r] : q.a * (q.bias ? d[r] + q.bias[n0 + col] : d[r]);
         d[r] = kSoftcap ? q.k * tanhf(z * q.inv_k) : z;
       }
       if (limit < kCols) {
 #pragma unroll
-        for (int r = 0; r < kAcc; ++r)
+        for (int r = 0; r < 128; ++r)
           if (column_of(r, quad) >= limit) d[r] = -kInf;
       }
       if (kStash) stash_subtile(d, n0, limit);
@@ -114,17 +110,14 @@ struct States {
 
     // The subtile's codes f16(ref - s), ref = shift_of(the row's max over
     // the subtile), as tile_states writes a tile's (kernels.h, Stash).
-    __device__ void stash_subtile(const float (&d)[kAcc], int64_t n0, int limit) {
-      const StashOut& stash = e.stash;
+    __device__ void stash_subtile(const float (&d)[128], int64_t n0, int limit) {
       const int64_t b = n0 / stash.block_cols, block_j0 = b * stash.block_cols;
-      const int64_t v = e.g.v;
       const int64_t block_cols = v - block_j0 < stash.block_cols ? v - block_j0 : stash.block_cols;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         float m = -kInf;
 #pragma unroll
-        for (int j = 0; j < kAcc / 4; ++j)
-          m = fmaxf(m, fmaxf(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]));
+        for (int j = 0; j < 32; ++j) m = fmaxf(m, fmaxf(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]));
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));  // the row's four threads
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
         const float ref = shift_of(m);
@@ -134,7 +127,7 @@ struct States {
                           (n0 - block_j0);
         const bool pairs = limit >= kCols && reinterpret_cast<uintptr_t>(codes) % 4 == 0;
 #pragma unroll
-        for (int j = 0; j < kAcc / 4; ++j) {
+        for (int j = 0; j < 32; ++j) {
           const int col = 8 * j + 2 * quad;
           const uint16_t c0 = stash_code(ref, d[4 * j + 2 * h]);
           const uint16_t c1 = stash_code(ref, d[4 * j + 2 * h + 1]);
@@ -150,12 +143,12 @@ struct States {
       }
     }
 
-    // Folds row h's 32 scores of this subtile: one group max and at most one
+    // Folds row h's 64 scores of this subtile: one group max and at most one
     // rescale, then the sums in column order.
-    __device__ void fold(Row& row, const float (&d)[kAcc], int h, int64_t n0, int limit) {
+    __device__ void fold(Row& row, const float (&d)[128], int h, int64_t n0, int limit) {
       float group_max = -kInf;
 #pragma unroll
-      for (int j = 0; j < kAcc / 4; ++j)
+      for (int j = 0; j < 32; ++j)
         group_max = fmaxf(group_max, fmaxf(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]));
       if (group_max > row.max) {
         const float f = row.max == -kInf ? 0.0f : expf(shift_of(row.max) - shift_of(group_max));
@@ -166,7 +159,7 @@ struct States {
       }
       const float shift = shift_of(row.max);
 #pragma unroll
-      for (int r = 2 * h; r < kAcc; r += 4) {
+      for (int r = 2 * h; r < 128; r += 4) {
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
           const float s = d[r + k];
@@ -185,7 +178,7 @@ struct States {
       const int base = int(n0 - c_begin);
       if (kArgmax && group_max == row.max && row.arg_c < 0) {  // the first column wins
 #pragma unroll
-        for (int r = kAcc - 1 - (1 - h) * 2; r >= 0; r -= 4) {
+        for (int r = 127 - (1 - h) * 2; r >= 0; r -= 4) {
           if (d[r] == row.max && column_of(r, quad) < limit)
             row.arg_c = base + column_of(r, quad);
           if (d[r - 1] == row.max && column_of(r - 1, quad) < limit)
@@ -197,51 +190,32 @@ struct States {
       if (row.y >= n0 && row.y - n0 < limit && row.y - n0 < kCols) {
         const int y_col = int(row.y - n0);
 #pragma unroll
-        for (int r = 2 * h; r < kAcc; r += 4)
+        for (int r = 2 * h; r < 128; r += 4)
 #pragma unroll
           for (int k = 0; k < 2; ++k)
-            if (column_of(r + k, quad) == y_col) e.g.rows[row.i].s_y = d[r + k];
+            if (column_of(r + k, quad) == y_col) info[row.i].s_y = d[r + k];
       }
       if (row.nan_c < 0 && isnan(row.sum_exp)) {  // a NaN score: its first column
-        for (int r = 2 * h; r < kAcc && row.nan_c < 0; r += 4)
+        for (int r = 2 * h; r < 128 && row.nan_c < 0; r += 4)
           for (int k = 0; k < 2 && row.nan_c < 0; ++k)
             if (isnan(d[r + k])) row.nan_c = base + column_of(r + k, quad);
       }
     }
 
-    // Row h's state over this consumer's subtiles, merged over the row's
-    // four threads (every lane of the quad gets it).
-    __device__ State quad_state(int h) const {
-      const Row& row = rows[h];
-      State st;
-      st.max = row.max, st.sum_exp = row.sum_exp, st.sum_exp_s = row.sum_exp_s;
-      st.sum_cs = row.sum_cs;
-      st.argmax = row.arg_c < 0 ? -1 : c_begin + row.arg_c;
-      st.first_nan = row.nan_c < 0 ? -1 : c_begin + row.nan_c;
-      return warp_merge(st, 4);
-    }
-
-    // Consumer 1: its rows' states into exchange[slot], exchange[slot + 8].
-    __device__ void publish(State* exchange, int64_t slot) const {
+    // The four threads of each row merge; the first writes the state.
+    __device__ void end() {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const State st = quad_state(h);
-        if (quad == 0) exchange[slot + 8 * h] = st;
-      }
-    }
-
-    // Consumer 0: its own state, then consumer 1's, written as the (row,
-    // tile) state.
-    __device__ void finish(const State* exchange, int64_t slot) const {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        State st = quad_state(h);
-        const int64_t i = rows[h].i;
-        if (quad == 0 && i < row_end) {
-          st.merge(exchange[slot + 8 * h]);
-          e.states[(i - e.state_r0) * e.tiles + t] =
+        const Row& row = rows[h];
+        State st;
+        st.max = row.max, st.sum_exp = row.sum_exp, st.sum_exp_s = row.sum_exp_s;
+        st.sum_cs = row.sum_cs;
+        st.argmax = row.arg_c < 0 ? -1 : c_begin + row.arg_c;
+        st.first_nan = row.nan_c < 0 ? -1 : c_begin + row.nan_c;
+        st = warp_merge(st, 4);
+        if (quad == 0 && row.i < row_end)
+          states[(row.i - state_r0) * tiles + t] =
               TileState{st.max, st.sum_exp, st.sum_exp_s, st.sum_cs, st.argmax, st.first_nan};
-        }
       }
     }
   };
@@ -252,7 +226,6 @@ struct States {
 // adjacent column pairs in one store where aligned.
 template <typename T, int kRound, DlogitsForm kForm>
 struct Dlogits {
-  static constexpr bool kMergesConsumers = false;
   LossArgs g;
   T* out;
   int64_t ld, r0, j0;
@@ -260,8 +233,8 @@ struct Dlogits {
   struct Thread {
     using Row = DlogitsRow<kRound, kForm>;
     Row rows[2];
-    const Dlogits& e;
-    int64_t row_a, row_end;
+    T* out;
+    int64_t ld, r0, j0, row_a, row_end;
     int quad;
 
     static __device__ RowInfo info_of(const LossArgs& g, int64_t i, int64_t row_end) {
@@ -270,19 +243,20 @@ struct Dlogits {
     __device__ Thread(const Dlogits& e, const Grid& grid, int64_t row_a, int64_t, int64_t)
         : rows{Row(e.g, info_of(e.g, row_a, grid.row_end), 0, int(e.g.v)),
                Row(e.g, info_of(e.g, row_a + 8, grid.row_end), 0, int(e.g.v))},
-          e(e), row_a(row_a), row_end(grid.row_end), quad(threadIdx.x % 4) {}
+          out(e.out), ld(e.ld), r0(e.r0), j0(e.j0), row_a(row_a), row_end(grid.row_end),
+          quad(threadIdx.x % 4) {}
 
-    __device__ void subtile(float (&d)[kAcc], int64_t n0, int limit) {
+    __device__ void subtile(float (&d)[128], int64_t n0, int limit) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int64_t i = row_a + 8 * h;
         if (i >= row_end) continue;
         const Row& row = rows[h];
-        T* row_out = e.out + (i - e.r0) * e.ld + (n0 - e.j0);
+        T* row_out = out + (i - r0) * ld + (n0 - j0);
         const bool pairs =
             limit >= kCols && reinterpret_cast<uintptr_t>(row_out) % (2 * sizeof(T)) == 0;
 #pragma unroll
-        for (int j = 0; j < kAcc / 4; ++j) {
+        for (int j = 0; j < 32; ++j) {
           const int col = 8 * j + 2 * quad, c = int(n0) + col;
           const float g0 = row(row.score(d[4 * j + 2 * h], c), c);
           const float g1 = row(row.score(d[4 * j + 2 * h + 1], c + 1), c + 1);
@@ -295,6 +269,7 @@ struct Dlogits {
         }
       }
     }
+    __device__ void end() {}
   };
 };
 

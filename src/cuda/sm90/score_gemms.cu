@@ -90,18 +90,7 @@ std::string check_fused_env() {
     return "FLCE_CUDA_FUSED = '" + std::string(env) +
            "': must be 0 (cuBLAS GEMM, then tile_states) or 1 (the fused kernel where it "
            "applies; unset: the same)";
-  if (group_rows() <= 0)
-    return "FLCE_CUDA_GROUP_ROWS = '" + std::string(std::getenv("FLCE_CUDA_GROUP_ROWS")) +
-           "': must be a whole number of row blocks from 1 to 65536 (unset: 8)";
   return "";
-}
-
-int64_t group_rows() {
-  const char* env = std::getenv("FLCE_CUDA_GROUP_ROWS");
-  if (env == nullptr) return 8;
-  char* end = nullptr;
-  const long v = std::strtol(env, &end, 10);
-  return end != env && *end == '\0' && v >= 1 && v <= 65536 ? v : 0;
 }
 
 std::string fused_declines(const Problem& p) {

@@ -1,11 +1,11 @@
 // src/cuda/sm90/score_gemms.h: the score GEMMs of passes 1 and 2 fused with
 // what reads their scores, on Hopper (sm_90a; internal).
 //
-// One kernel (gemm_states) computes the raw logits u = x . W_j of a [128 x 128
+// One kernel (gemm_states) computes the raw logits u = x . W_j of a [128 x 256
 // class] block on the tensor cores (TMA loads, wgmma) and folds them
 // into the rows' softmax states while they are still in registers: the
 // score tile never goes to memory. Each block of 128 rows walks one score
-// tile's classes (plan.tile_cols) 128 at a time and writes one TileState
+// tile's classes (plan.tile_cols) 256 at a time and writes one TileState
 // per (row, tile), the same states tile_states writes, so merge_rows and
 // everything after it are unchanged. It also writes RowInfo::s_y. Pass 2's
 // kernel (gemm_dlogits) runs the same loop and writes G straight into the
@@ -33,13 +33,13 @@ std::string fused_declines(const Problem& p);
 // "" or a message naming a malformed FLCE_CUDA_FUSED.
 std::string check_fused_env();
 
-// Classes per stash ref in gemm_states' codes (one per 128-class subtile).
-constexpr int64_t kStashRefCols = 128;
+// Classes per stash ref in gemm_states' codes (one per 256-class subtile).
+constexpr int64_t kStashRefCols = 256;
 
 // Where gemm_states stashes the tiles' scores (plan.h; codes null: it does
 // not): the codes of class block b (block_cols classes, all n rows,
 // row-major) from codes + b n block_cols; the ref of row i and class j of
-// tile t at refs[i * refs_ld + t * refs_per_tile + (j - t tile_cols) / 128].
+// tile t at refs[i * refs_ld + t * refs_per_tile + (j - t tile_cols) / 256].
 // Only for bf16 storage (the stash needs G rounded to bf16).
 struct StashOut {
   uint16_t* codes = nullptr;
