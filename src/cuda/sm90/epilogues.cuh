@@ -13,6 +13,7 @@
 #include "cuda/sm90/score_gemms.h"
 
 namespace flce::cuda::sm90 {
+
 // A consumer thread holds rows row_a = 16 warp + lane/4 and row_a + 8 of its
 // warpgroup's 64, columns 8 j + 2 (lane % 4) + {0, 1} for j < 32 (wgmma.cuh).
 

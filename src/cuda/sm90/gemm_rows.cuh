@@ -3,7 +3,7 @@
 // some of its epilogues, so that nvcc builds them in parallel).
 //
 // A block of 384 threads owns 128 rows and a run of classes (one score
-// tile's in pass 1, kDlogitsChunk in pass 2), 256 at a time:
+// tile's in pass 1, score_gemms.cu's kDlogitsChunk in pass 2), 256 at a time:
 //   warpgroup 0     the producer: one thread issues TMA loads of x's
 //                   [128 x 64] and W's [256 x 64] slices into a ring of
 //                   kStages shared-memory stages (128-byte swizzle);
