@@ -125,12 +125,15 @@ std::string gemm_states(const LossArgs& args, const Tensor& x, const Tensor& w, 
                   k_tiles(x)};
   const int flags = (args.need_sbar ? 8 : 0) | (args.e > 0 ? 4 : 0) | (args.k > 0 ? 2 : 0) |
                     (args.argmax.present() ? 1 : 0);
-  switch (flags / 4) {
-    case 0: return launch_states_group<0>(flags, args, x, w, grid, states, state_r0, tiles, t0, stash, stream);
-    case 1: return launch_states_group<1>(flags, args, x, w, grid, states, state_r0, tiles, t0, stash, stream);
-    case 2: return launch_states_group<2>(flags, args, x, w, grid, states, state_r0, tiles, t0, stash, stream);
-    default: return launch_states_group<3>(flags, args, x, w, grid, states, state_r0, tiles, t0, stash, stream);
+  switch (flags / 4) {  // score_states_<group>.cu
+#define FLCE_STATES_GROUP(G)                                                                 \
+  case G:                                                                                    \
+    return launch_states_group<G>(flags, args, x, w, grid, states, state_r0, tiles, t0, stash, \
+                                  stream);
+    FLCE_STATES_GROUP(0) FLCE_STATES_GROUP(1) FLCE_STATES_GROUP(2) FLCE_STATES_GROUP(3)
+#undef FLCE_STATES_GROUP
   }
+  return "";
 }
 
 std::string gemm_dlogits(const LossArgs& args, const Tensor& x, const Tensor& w, int64_t r0,
