@@ -217,7 +217,7 @@ __global__ void tile_states_kernel(LossArgs g, ScoreTile tile, int64_t t, int64_
 #pragma unroll
     for (int k = 0; k < 4; ++k) group_max = fmaxf(group_max, s[k]);  // fmaxf ignores NaN
     if (group_max > max) {  // one rescale per quad, when the max rises
-      const float f = max == -kInf ? 0.0f : expf(shift_of(max) - shift_of(group_max));
+      const float f = max == -kInf ? 0.0f : exp_of(shift_of(max) - shift_of(group_max));
       sum_exp *= f;
       if (kSbar) sum_exp_s *= f;
       max = group_max;
@@ -228,7 +228,7 @@ __global__ void tile_states_kernel(LossArgs g, ScoreTile tile, int64_t t, int64_
     for (int k = 0; k < 4; ++k) {
       // Padding is -inf: exp gives 0. A NaN poisons the sums, as on the cpu;
       // the lse of such a row is NaN by first_nan whatever the sums hold.
-      const float e = expf(s[k] - shift);
+      const float e = exp_of(s[k] - shift);
       sum_exp += e;
       if (kSbar) sum_exp_s += e == 0 ? 0.0f : e * s[k];
       if (kSumCs && k < n) {

@@ -152,7 +152,7 @@ struct States {
       for (int j = 0; j < 32; ++j)
         group_max = fmaxf(group_max, fmaxf(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]));
       if (group_max > row.max) {
-        const float f = row.max == -kInf ? 0.0f : expf(shift_of(row.max) - shift_of(group_max));
+        const float f = row.max == -kInf ? 0.0f : exp_of(shift_of(row.max) - shift_of(group_max));
         row.sum_exp *= f;
         if (kSbar) row.sum_exp_s *= f;
         row.max = group_max;
@@ -164,7 +164,7 @@ struct States {
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
           const float s = d[r + k];
-          const float e_s = expf(s - shift);
+          const float e_s = exp_of(s - shift);
           row.sum_exp += e_s;
           if (kSbar) row.sum_exp_s += e_s == 0 ? 0.0f : e_s * s;
           if (kSumCs) {
