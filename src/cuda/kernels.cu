@@ -228,7 +228,7 @@ __global__ void tile_states_kernel(LossArgs g, ScoreTile tile, int64_t t, int64_
     for (int k = 0; k < 4; ++k) {
       // Padding is -inf: exp gives 0. A NaN poisons the sums, as on the cpu;
       // the lse of such a row is NaN by first_nan whatever the sums hold.
-      const float e = exp_of(s[k] - shift);
+      const float e = exp_in_sum(s[k] - shift);
       sum_exp += e;
       if (kSbar) sum_exp_s += e == 0 ? 0.0f : e * s[k];
       if (kSumCs && k < n) {

@@ -31,7 +31,18 @@ inline __device__ float shift_of(float m) { return isfinite(m) ? m : 0.0f; }
 // a dozen instructions. Rounding the product moves the exponent by u |x|,
 // which the tolerance policy counts (tests/support/tolerance.h, section 2:
 // the exponents' u (m - s_j) term; section 3: rho for exp(s - lse)).
-inline __device__ float exp_of(float x) { return exp2f(x * 1.44269504088896341f); }
+constexpr float kLog2e = 1.44269504088896341f;
+inline __device__ float exp_of(float x) { return exp2f(x * kLog2e); }
+
+// The same for a term of pass 1's sum of exp(s - max) (sum >= 1: the max's
+// own term is 1): ex2.approx.ftz, which flushes results below 2^-126 to 0
+// and so needs no subnormal fix-up. A flushed term moves the sum by less
+// than 2^-126, far under its rounding; outputs never see these values.
+inline __device__ float exp_in_sum(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * kLog2e));
+  return y;
+}
 
 inline __device__ int64_t min_index(int64_t a, int64_t b) {
   if (a < 0) return b;

@@ -164,7 +164,7 @@ struct States {
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
           const float s = d[r + k];
-          const float e_s = exp_of(s - shift);
+          const float e_s = exp_in_sum(s - shift);
           row.sum_exp += e_s;
           if (kSbar) row.sum_exp_s += e_s == 0 ? 0.0f : e_s * s;
           if (kSumCs) {
