@@ -10,9 +10,23 @@
 namespace flce::cuda {
 namespace {
 
-// Measured on an H100 (bench/cuda_bench.py --variants FLCE_CUDA_TILE=...): 4096 x 4096 beat 2048 x 2048
-// and 4096 x 2048 at all three benchmark shapes (fewer, longer GEMMs).
+// The cuBLAS path's tiles. Measured on an H100 (bench/cuda_bench.py --variants
+// FLCE_CUDA_TILE=...): 4096 x 4096 beat 2048 x 2048 and 4096 x 2048 at all
+// three benchmark shapes (fewer, longer GEMMs).
 constexpr int64_t kTileRows = 4096, kTileCols = 4096;
+// The fused kernel's tiles (sm90/score_gemms.h) are narrower: pass 1's
+// blocks are 128 rows of one tile, so more and shorter blocks, and the
+// gradient block (whole tiles wide) fills its 192 MiB at H = 1024 (6144
+// classes, against 4096). Three H100 runs of bench/cuda_bench.py, 4096 x 2048
+// against 4096 x 4096, forward / step ratios to cuBLAS:
+//   Gemma-2  1.187 / 1.553 vs 1.190 / 1.579, 1.228 / 1.565 vs 1.239 / 1.559,
+//            1.263 / 1.541 vs 1.224 / 1.516 (within the runs' noise);
+//   Llama-3  1.063 / 1.339 vs 1.112 / 1.346, 1.030 / 1.308 vs 1.073 / 1.323,
+//            1.062 / 1.308 vs 1.076 / 1.298;
+//   H = 1024 1.078 / 1.622 vs 1.106 / 1.687, 1.123 / 1.596 vs 1.147 / 1.669,
+//            1.185 / 1.664 vs 1.208 / 1.736.
+// 4096 x 1024 was no better than 4096 x 4096 (one run).
+constexpr int64_t kFusedTileCols = 2048;
 constexpr size_t kBlockBytes = size_t(192) << 20;  // the G block
 constexpr size_t kStateBytes = size_t(64) << 20;   // pass 1's tile states
 
@@ -82,7 +96,7 @@ Plan make_plan(const Problem& p, Pass pass) {
   plan.states_pass = pass != Pass::backward || p.grad_entropy.present();
 
   plan.fused = sm90::fused_declines(p).empty();
-  int64_t tr = kTileRows, tc = kTileCols;
+  int64_t tr = kTileRows, tc = plan.fused ? kFusedTileCols : kTileCols;
   size_from_env("FLCE_CUDA_TILE", &tr, &tc);
   plan.tile_rows = std::min(tr, N);
   plan.tile_cols = std::min(tc, V);
