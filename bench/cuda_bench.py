@@ -5,6 +5,7 @@ GEMMs a step cannot avoid (one for a forward pass) and against PyTorch eager.
 
   PYTHONPATH=build-gpu/python python3 bench/cuda_bench.py [--json FILE]
       [--shapes gemma2,llama3,h1024] [--variants FLCE_CUDA_STASH=0,...] [--reps 10]
+      [--baseline OTHER_BUILD/python]
 
 Shapes (N x H x V): gemma2 8192 x 2304 x 256000 with softcap 30, llama3
 8192 x 4096 x 128256, h1024 16384 x 1024 x 128256. Every time is the median
@@ -20,7 +21,12 @@ another (the first flce call after the GEMMs measured 5-10% slower).
             GPU kernel compared here), bf16 gradients; once per --variants
             entry (environment settings joined by '+', e.g.
             FLCE_CUDA_TILE=2048x2048+FLCE_CUDA_STASH=0; the first entry,
-            default: none, is the table's).
+            default: none, is the table's). --baseline adds a variant
+            'baseline': the flce package of another build (e.g. of an older
+            commit, `.ci/gpu` with FLCE_BENCH_BASELINE), loaded into the
+            same process as flce_baseline, so that two versions of the code
+            are compared in the same rounds rather than across runs, whose
+            ratios move by a few percent.
   eager     F.cross_entropy((x @ W.T).float(), y) (softcap applied as
             k tanh(z / k) for gemma2), loss.backward().
 Memory: the peak of torch.cuda.max_memory_allocated during the call minus
@@ -29,10 +35,12 @@ workspace, which flce's Python layer takes from torch's allocator.
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import random
 import statistics
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -110,6 +118,32 @@ def peak_extra_bytes(fn):
     return peak
 
 
+def load_baseline(path):
+    """The flce package in `path` (another build's python directory),
+    imported as flce_baseline beside flce."""
+    package = os.path.join(path, "flce")
+    if not os.path.isfile(os.path.join(package, "__init__.py")):
+        raise SystemExit(f"--baseline: no flce package in {path!r}")
+    if os.path.realpath(package) == os.path.realpath(os.path.dirname(flce.__file__)):
+        raise SystemExit(f"--baseline: {path!r} holds the flce being measured; give another "
+                         "build's python directory")
+    spec = importlib.util.spec_from_file_location(
+        "flce_baseline", os.path.join(package, "__init__.py"),
+        submodule_search_locations=[package])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["flce_baseline"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+BASELINE = None  # the --baseline package, timed as the variant 'baseline'
+
+
+def module_and_env(variant):
+    """(package, environment variant) of a --variants entry."""
+    return (BASELINE, "") if variant == "baseline" else (flce, variant)
+
+
 def bench_shape(name, reps, variants):
     n, h, v, softcap = SHAPES[name]
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -125,12 +159,17 @@ def bench_shape(name, reps, variants):
     gx, gw = torch.empty_like(x), torch.empty_like(w)
 
     # flce, per variant.
-    def step():
-        return flce.loss_and_grad(x, w, y, softcap=softcap, grad_logits_dtype="storage",
-                                  grad_dtype="input", backend="cuda")
+    def step(m=flce):
+        return m.loss_and_grad(x, w, y, softcap=softcap, grad_logits_dtype="storage",
+                               grad_dtype="input", backend="cuda")
 
-    def fwd():
-        return flce.forward(x, w, y, softcap=softcap, backend="cuda")
+    def fwd(m=flce):
+        return m.forward(x, w, y, softcap=softcap, backend="cuda")
+
+    def run(variant, fn):
+        """fn of the variant's package, under its environment settings."""
+        m, env = module_and_env(variant)
+        return with_env(env, lambda: fn(m))
 
     # PyTorch eager.
     xe, we = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
@@ -148,8 +187,8 @@ def bench_shape(name, reps, variants):
              "gemm_x": lambda: torch.mm(dl, w, out=gx),
              "gemm_w": lambda: torch.mm(dl.t(), x, out=gw)}
     for var in variants:
-        calls["step " + var] = with_env(var, step)
-        calls["fwd " + var] = with_env(var, fwd)
+        calls["step " + var] = run(var, step)
+        calls["fwd " + var] = run(var, fwd)
     calls["eager"] = eager
     ms = time_all_ms(calls, reps)
     del logits, dl, gx, gw
@@ -159,8 +198,8 @@ def bench_shape(name, reps, variants):
     row["flce"] = []
     for var in variants:
         t = {"variant": var or "default", "step_ms": ms["step " + var], "fwd_ms": ms["fwd " + var],
-             "step_peak_extra_bytes": peak_extra_bytes(with_env(var, step)),
-             "fwd_peak_extra_bytes": peak_extra_bytes(with_env(var, fwd))}
+             "step_peak_extra_bytes": peak_extra_bytes(run(var, step)),
+             "fwd_peak_extra_bytes": peak_extra_bytes(run(var, fwd))}
         t["step_ratio"] = t["step_ms"] / row["gemm3_ms"]
         t["fwd_ratio"] = t["fwd_ms"] / row["gemm1_ms"]
         row["flce"].append(t)
@@ -207,10 +246,18 @@ def main():
     ap.add_argument("--profile", metavar="SHAPE",
                     help="also print torch.profiler's per-kernel GPU times of one flce step "
                          "and one forward at SHAPE (where the time over the GEMMs goes)")
+    ap.add_argument("--baseline", metavar="DIR",
+                    help="also time the flce package in DIR (another build's python "
+                         "directory) as the variant 'baseline', in the same rounds")
     args = ap.parse_args()
     variants = args.variants.split(",")
     for var in variants:
         parse_variant(var)
+    if args.baseline:
+        global BASELINE
+        BASELINE = load_baseline(args.baseline)
+        variants.append("baseline")
+        print(f"baseline: flce {BASELINE.version()} from {args.baseline}", flush=True)
     props = torch.cuda.get_device_properties(0)
     print(f"device: {props.name}, torch {torch.__version__}, flce {flce.version()}", flush=True)
     rows = []

@@ -14,18 +14,12 @@ namespace {
 // FLCE_CUDA_TILE=...): 4096 x 4096 beat 2048 x 2048 and 4096 x 2048 at all
 // three benchmark shapes (fewer, longer GEMMs).
 constexpr int64_t kTileRows = 4096, kTileCols = 4096;
-// The fused kernel's tiles (sm90/score_gemms.h) are narrower: pass 1's
-// blocks are 128 rows of one tile, so more and shorter blocks, and the
-// gradient block (whole tiles wide) fills its 192 MiB at H = 1024 (6144
-// classes, against 4096). Three H100 runs of bench/cuda_bench.py, 4096 x 2048
-// against 4096 x 4096, forward / step ratios to cuBLAS:
-//   Gemma-2  1.187 / 1.553 vs 1.190 / 1.579, 1.228 / 1.565 vs 1.239 / 1.559,
-//            1.263 / 1.541 vs 1.224 / 1.516 (within the runs' noise);
-//   Llama-3  1.063 / 1.339 vs 1.112 / 1.346, 1.030 / 1.308 vs 1.073 / 1.323,
-//            1.062 / 1.308 vs 1.076 / 1.298;
-//   H = 1024 1.078 / 1.622 vs 1.106 / 1.687, 1.123 / 1.596 vs 1.147 / 1.669,
-//            1.185 / 1.664 vs 1.208 / 1.736.
-// 4096 x 1024 was no better than 4096 x 4096 (one run).
+// The fused kernel's tiles (sm90/score_gemms.h) are narrower: more and
+// shorter pass-1 blocks (128 rows of one tile each), and at H = 1024 a
+// gradient block, whole tiles wide, that fills its 192 MiB (6144 classes,
+// against 4096). Against 4096 x 4096 in five H100 runs: the H = 1024 step
+// 3.9-4.4% faster in three of them, the Llama-3 forward faster in all five,
+// Gemma-2 within the noise (README, "Two changes of that day").
 constexpr int64_t kFusedTileCols = 2048;
 constexpr size_t kBlockBytes = size_t(192) << 20;  // the G block
 constexpr size_t kStateBytes = size_t(64) << 20;   // pass 1's tile states

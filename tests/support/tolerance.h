@@ -24,9 +24,11 @@
 // ulp is at most 2E u). That covers every function the backends call: flce's
 // vector exp and tanh (<= 1.2 and 1.6 ulp, simd/testing/kernel_checks.h),
 // libm's expf (1 ulp) and tanhf (2.5 ulp: the scalar kernels), glibc's
-// double functions (1 ulp), and CUDA's expf and tanhf (2 ulp from the
+// double functions (1 ulp), and CUDA's expf, exp2f and tanhf (2 ulp from the
 // correctly rounded result by the CUDA C++ Programming Guide's table of
-// single-precision functions, so 2.5 ulp from the exact one; no fast math).
+// single-precision functions, so 2.5 ulp from the exact one; no fast math;
+// exp2f is the ex2.approx.f32 instruction, whose .ftz form pass 1's sums use:
+// the same result except that it flushes subnormal ones to 0).
 // tiny(u) is the smallest subnormal of the format with unit roundoff u. Every bound is first order in u (terms in u^2 dropped).
 // The option scalars a, k, e, l may be converted to the accumulation
 // precision first; each conversion is one more rounding wherever the scalar
