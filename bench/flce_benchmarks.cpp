@@ -8,8 +8,11 @@
 // gemm/<shape>/<dtype>/threads:<T>. Counters: items_per_second (tokens/s),
 // FLOPS (2NHV for fwd, 6NHV for bwd and step), peak_extra_bytes (resident
 // memory the timed calls added, cli::PeakMemory), workspace_bytes (the
-// backend's scratch) and ratio_to_gemm (seconds per pass over the GEMMs
-// it cannot avoid, one GEMM timed after each pass: run_pass). bf16 runs cast
+// backend's scratch), median_seconds (the median pass; Google Benchmark's
+// own time is the mean), ratio_to_gemm (seconds per pass over the GEMMs
+// it cannot avoid, one GEMM timed after each pass: run_pass) and, at more
+// than one thread, speedup_vs_1_thread (a 1-thread pass timed after each
+// pass too: the scaling measured side by side, not across two rows). bf16 runs cast
 // dlogits to bf16 (grad_logits_dtype = storage), as GPU kernels do, and
 // write f32 gradients, as mixed-precision training keeps f32 master weights.
 //   build/bench/flce_benchmarks --benchmark_filter='S1/f32' --benchmark_format=json
@@ -28,15 +31,19 @@ namespace {
 using flce::Dtype;
 using flce::Pass;
 
+// iterations: timed passes per benchmark. S3's take 0.2-1.3 s on 2 cores,
+// short enough that one pause of a shared 2-vCPU machine moves a whole row,
+// so it gets more of them for its medians.
 struct Shape {
   const char* name;
   int64_t n, h, v;
   double softcap;
+  int iterations;
 };
-constexpr Shape kShapes[] = {{"S1", 4096, 768, 50257, 0},
-                             {"S2", 1024, 4096, 128256, 0},
-                             {"S3", 8192, 128, 32768, 0},
-                             {"S4", 1024, 2304, 256000, 30}};
+constexpr Shape kShapes[] = {{"S1", 4096, 768, 50257, 0, 3},
+                             {"S2", 1024, 4096, 128256, 0, 3},
+                             {"S3", 8192, 128, 32768, 0, 9},
+                             {"S4", 1024, 2304, 256000, 30, 3}};
 
 // One problem alive at a time: the big shapes take gigabytes.
 flce::cli::BenchProblem& problem_for(const Shape& s, Dtype dtype) {
@@ -67,9 +74,11 @@ double median(std::vector<double> v) {
 // Each iteration times the pass, then the shape's GEMM once (outside the
 // benchmark's manual time), so that both see the same machine: on a shared
 // 2-core VM the GEMM alone moves 20-30% between runs. ratio_to_gemm is the
-// pass's median over the GEMM's median, as `flce bench` reports it. The
-// peak is the largest resident growth of a timed pass, before its GEMM
-// allocates.
+// pass's median over the GEMM's median, as `flce bench` reports it. At more
+// than one thread the same pass at 1 thread follows, for the same reason:
+// on a 2-vCPU machine, S3's bf16 forward scaled 1.76x and 2.00x in two
+// consecutive runs of the 1- and 2-thread rows. The peak is the largest
+// resident growth of a timed pass, before its GEMM allocates.
 void run_pass(benchmark::State& state, const Shape& shape, Dtype dtype, Pass pass) {
   flce::cli::BenchProblem& bp = problem_for(shape, dtype);
   const int threads = int(state.range(0));
@@ -83,7 +92,9 @@ void run_pass(benchmark::State& state, const Shape& shape, Dtype dtype, Pass pas
   flce::cli::logits_gemm_seconds(engine, cbp, threads);
   flce::cli::PeakMemory peak;
   long peak_extra = 0;
-  std::vector<double> pass_seconds, gemm_seconds;
+  std::vector<double> pass_seconds, gemm_seconds, one_thread_seconds;
+  flce::RunConfig one_thread = config;
+  one_thread.threads = 1;
   for (auto _ : state) {
     peak.reset();
     const auto t0 = std::chrono::steady_clock::now();
@@ -97,6 +108,11 @@ void run_pass(benchmark::State& state, const Shape& shape, Dtype dtype, Pass pas
     state.SetIterationTime(seconds);
     pass_seconds.push_back(seconds);
     gemm_seconds.push_back(flce::cli::logits_gemm_seconds(engine, cbp, threads));
+    if (threads > 1) {
+      const auto t1 = std::chrono::steady_clock::now();
+      flce::cli::call_pass(p, pass, one_thread);
+      one_thread_seconds.push_back(seconds_since(t1));
+    }
   }
   const double gemms = pass == Pass::forward ? 1 : 3;
   const double flops = 2.0 * double(shape.n) * double(shape.h) * double(shape.v) * gemms;
@@ -106,6 +122,9 @@ void run_pass(benchmark::State& state, const Shape& shape, Dtype dtype, Pass pas
   state.counters["FLOPS"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["peak_extra_bytes"] = double(peak_extra);
   state.counters["workspace_bytes"] = double(workspace);
+  state.counters["median_seconds"] = median(pass_seconds);
+  if (threads > 1)
+    state.counters["speedup_vs_1_thread"] = median(one_thread_seconds) / median(pass_seconds);
   state.counters["ratio_to_gemm"] = median(pass_seconds) / (median(gemm_seconds) * gemms);
   state.SetLabel(status.backend);
 }
@@ -132,7 +151,7 @@ int register_all() {
         const char* name = pass == Pass::forward ? "fwd" : pass == Pass::backward ? "bwd" : "step";
         benchmark::RegisterBenchmark(("flce/" + tag + "/" + name).c_str(), run_pass, s, dtype, pass)
             ->Arg(1)->Arg(2)->ArgName("threads")->Unit(benchmark::kMillisecond)->UseManualTime()
-            ->Iterations(3);
+            ->Iterations(s.iterations);
       }
     }
   return 0;
