@@ -1,13 +1,15 @@
 """One flce call on the GPU at a benchmark head, for a profiler to watch
 (bench/cuda_ncu.sh): python3 bench/cuda_one_call.py gemma2|llama3|h1024 fwd|step"""
+import os
 import sys
 
 import torch
 
 import flce
 
-SHAPES = {"gemma2": (8192, 2304, 256000, 30.0), "llama3": (8192, 4096, 128256, 0.0),
-          "h1024": (16384, 1024, 128256, 0.0)}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cuda_bench import SHAPES  # noqa: E402  (the benchmark's heads)
+
 if len(sys.argv) != 3 or sys.argv[1] not in SHAPES or sys.argv[2] not in ("fwd", "step"):
     raise SystemExit(f"usage: {sys.argv[0]} {'|'.join(SHAPES)} fwd|step")
 n, h, v, k = SHAPES[sys.argv[1]]
