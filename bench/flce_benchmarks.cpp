@@ -110,8 +110,12 @@ void run_pass(benchmark::State& state, const Shape& shape, Dtype dtype, Pass pas
     gemm_seconds.push_back(flce::cli::logits_gemm_seconds(engine, cbp, threads));
     if (threads > 1) {
       const auto t1 = std::chrono::steady_clock::now();
-      flce::cli::call_pass(p, pass, one_thread);
+      status = flce::cli::call_pass(p, pass, one_thread);
       one_thread_seconds.push_back(seconds_since(t1));
+      if (!status.ok()) {
+        state.SkipWithError(("1 thread: " + status.error).c_str());
+        return;
+      }
     }
   }
   const double gemms = pass == Pass::forward ? 1 : 3;
