@@ -5,26 +5,18 @@
 #include <immintrin.h>
 
 #include <cmath>
-#include <cstring>
 #include <random>
 #include <vector>
 
 #include "common/float16.h"
 #include "cpu/operands.h"
+#include "support/float_bits.h"
 
 namespace flce {
 namespace {
 
-uint32_t bits_of(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-float float_of(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+using flce_test::bits_of;
+using flce_test::float_of;
 
 // Nearest bf16 by search: the truncation and the next pattern away from
 // zero bracket f; take the closer in exact double arithmetic, the even one
