@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "cuda/kernels.h"
+#include "cuda/softcap_small.h"
 
 namespace flce::cuda {
 
@@ -71,18 +72,21 @@ inline __device__ float unstash(float ref, uint16_t code) {
 // first column: no double arithmetic or 64-bit indexing per element.
 struct TileParams {
   float a, k, inv_k;      // logit scale, softcap, 1 / softcap
+  float small_z;          // softcap_small takes |z| <= small_z (softcap_small.h)
   const float* bias;      // at the tile's column 0, or null
   const float* class_w;   // likewise
 
   __device__ TileParams(const LossArgs& g, int64_t j0)
-      : a(g.a_f32), k(g.k_f32), inv_k(g.inv_k_f32),
+      : a(g.a_f32), k(g.k_f32), inv_k(g.inv_k_f32), small_z(softcap_small_limit(g.k_f32)),
         bias(g.bias_f32 ? g.bias_f32 + j0 : nullptr),
         class_w(g.class_w ? g.class_w + j0 : nullptr) {}
 
-  // s = k tanh(a (u + b) / k) when k > 0, else a (u + b).
+  // z = a (u + b): the logit before the softcap.
+  __device__ float z(float u, int c) const { return a * (bias ? u + bias[c] : u); }
+  // s = k tanh(z / k) when k > 0, else z.
   __device__ float score(float u, int c) const {
-    const float z = a * (bias ? u + bias[c] : u);
-    return k > 0 ? k * tanhf(z * inv_k) : z;
+    const float zc = z(u, c);
+    return k > 0 ? k * tanhf(zc * inv_k) : zc;
   }
   __device__ float class_weight(int c) const { return class_w ? class_w[c] : 1.0f; }
   // ds/dz = 1 - (s/k)^2 when k > 0.
@@ -181,20 +185,26 @@ struct DlogitsRow {
 
   // G at column c from its score s.
   __device__ float operator()(float s, int c) const {
+    return round_as<kRound>(unrounded(s, c, c == y_col));
+  }
+
+  // G before its rounding, at a column that is the label's or not (the
+  // fused epilogue passes a constant and rounds in its store).
+  __device__ float unrounded(float s, int c, bool at_label) const {
     if (kForm == kPlain) {
       const float d = coef_p * exp_of(s - lse);
-      return round_as<kRound>(c == y_col ? d - label : d);
+      return at_label ? d - label : d;
     }
     if (kForm == kPlainSoftcap) {
       const float d = coef_p * exp_of(s - lse);
-      return round_as<kRound>(q.dsdz(s) * (c == y_col ? d - label : d));
+      return q.dsdz(s) * (at_label ? d - label : d);
     }
     const float p = exp_of(s - lse);
     float d = coef_p * p;
     if (coef_c != 0) d += coef_c * q.class_weight(c);
     if (coef_h != 0) d -= coef_h * (p == 0 ? 0.0f : p * (s - sbar));
-    if (c == y_col) d -= label;
-    return round_as<kRound>(q.a * q.dsdz(s) * d);
+    if (at_label) d -= label;
+    return q.a * q.dsdz(s) * d;
   }
 };
 

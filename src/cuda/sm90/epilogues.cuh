@@ -8,6 +8,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "cuda/softmax_state.cuh"
 #include "cuda/sm90/gemm_rows.cuh"
 #include "cuda/sm90/score_gemms.h"
@@ -28,6 +30,22 @@ inline __device__ void store_pair(__nv_bfloat16* p, float a, float b) {
 }
 inline __device__ void store_pair(__half* p, float a, float b) {
   *reinterpret_cast<__half2*>(p) = __floats2half2_rn(a, b);
+}
+
+// s = k tanh(z / k) in place over a consumer warp's subtile: the short
+// polynomial (softcap_small.h) when every |z| of the warp is within its range
+// (one vote, so the warp takes one path; a NaN z passes as NaN), else tanhf.
+inline __device__ void softcap_subtile(float (&d)[128], const TileParams& q) {
+  float m = 0.0f;
+#pragma unroll
+  for (int r = 0; r < 128; ++r) m = fmaxf(m, fabsf(d[r]));
+  if (__all_sync(0xffffffffu, m <= q.small_z)) {
+#pragma unroll
+    for (int r = 0; r < 128; ++r) d[r] = softcap_small(d[r], q.inv_k);
+  } else {
+#pragma unroll
+    for (int r = 0; r < 128; ++r) d[r] = q.k * tanhf(d[r] * q.inv_k);
+  }
 }
 
 // The plain product (gemm_f32).
@@ -93,12 +111,11 @@ struct States {
 
     // Scores in place of the raw logits; classes past the chunk are -inf.
     __device__ void subtile(float (&d)[128], int64_t n0, int limit) {
+      if (!kRaw) {
 #pragma unroll
-      for (int r = 0; r < 128; ++r) {
-        const int col = column_of(r, quad);
-        const float z = kRaw ? d[r] : q.a * (q.bias ? d[r] + q.bias[n0 + col] : d[r]);
-        d[r] = kSoftcap ? q.k * tanhf(z * q.inv_k) : z;
+        for (int r = 0; r < 128; ++r) d[r] = q.z(d[r], int(n0) + column_of(r, quad));
       }
+      if (kSoftcap) softcap_subtile(d, q);
       if (limit < kCols) {
 #pragma unroll
         for (int r = 0; r < 128; ++r)
@@ -248,25 +265,67 @@ struct Dlogits {
           quad(threadIdx.x % 4) {}
 
     __device__ void subtile(float (&d)[128], int64_t n0, int limit) {
+      // The scores in place (Row::score's formula, a warp's subtile at once).
+      const TileParams& q = rows[0].q;
+      if (kForm == kGeneral) {
+#pragma unroll
+        for (int r = 0; r < 128; ++r) d[r] = q.z(d[r], int(n0) + column_of(r, quad));
+      }
+      if (kForm == kPlainSoftcap || (kForm == kGeneral && q.k > 0)) softcap_subtile(d, q);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int64_t i = row_a + 8 * h;
         if (i >= row_end) continue;
         const Row& row = rows[h];
-        T* row_out = out + (i - r0) * ld + (n0 - j0);
-        const bool pairs =
-            limit >= kCols && reinterpret_cast<uintptr_t>(row_out) % (2 * sizeof(T)) == 0;
+        // The label's column, when this thread holds it: once per row, so
+        // the branch is rarely taken and the loop below has no label test.
+        const int y = row.y_col < 0 ? -1 : int(row.y_col - n0);  // Row's classes start at 0
+        const bool label_here = y >= 0 && y < kCols && (y & 7) >> 1 == quad;
+        float s_label = 0;
+        if (label_here) {
 #pragma unroll
-        for (int j = 0; j < 32; ++j) {
-          const int col = 8 * j + 2 * quad, c = int(n0) + col;
-          const float g0 = row(row.score(d[4 * j + 2 * h], c), c);
-          const float g1 = row(row.score(d[4 * j + 2 * h + 1], c + 1), c + 1);
-          if (pairs) {
-            store_pair(row_out + col, g0, g1);
-          } else {
-            if (col < limit) row_out[col] = T(g0);
-            if (col + 1 < limit) row_out[col + 1] = T(g1);
-          }
+          for (int r = 2 * h; r < 128; r += 4)
+#pragma unroll
+            for (int k = 0; k < 2; ++k)
+              if (column_of(r + k, quad) == y) s_label = d[r + k];
+        }
+#pragma unroll
+        for (int r = 2 * h; r < 128; r += 4)
+#pragma unroll
+          for (int k = 0; k < 2; ++k)
+            d[r + k] = rounded(row.unrounded(d[r + k], int(n0) + column_of(r + k, quad), false));
+        if (label_here) {
+          const float g_label = rounded(row.unrounded(s_label, int(n0) + y, true));
+#pragma unroll
+          for (int r = 2 * h; r < 128; r += 4)
+#pragma unroll
+            for (int k = 0; k < 2; ++k)
+              if (column_of(r + k, quad) == y) d[r + k] = g_label;
+        }
+        store_row(d, h, out + (i - r0) * ld + (n0 - j0), limit);
+      }
+    }
+
+    // G rounded to kRound, unless the store to T rounds it the same way.
+    static constexpr bool kStoreRounds =
+        (Dtype(kRound) == Dtype::bf16 && std::is_same_v<T, __nv_bfloat16>) ||
+        (Dtype(kRound) == Dtype::f16 && std::is_same_v<T, __half>);
+    static __device__ float rounded(float g) { return kStoreRounds ? g : round_as<kRound>(g); }
+
+    // Row h's 64 values of G to row_out (class n0 of the row), adjacent
+    // pairs in one store where aligned.
+    __device__ void store_row(const float (&d)[128], int h, T* row_out, int limit) {
+      const bool pairs =
+          limit >= kCols && reinterpret_cast<uintptr_t>(row_out) % (2 * sizeof(T)) == 0;
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        const int col = 8 * j + 2 * quad;
+        const float g0 = d[4 * j + 2 * h], g1 = d[4 * j + 2 * h + 1];
+        if (pairs) {
+          store_pair(row_out + col, g0, g1);
+        } else {
+          if (col < limit) row_out[col] = T(g0);
+          if (col + 1 < limit) row_out[col + 1] = T(g1);
         }
       }
     }
