@@ -21,15 +21,15 @@ namespace flce::cuda::sm90 {
 
 inline __device__ int column_of(int r, int quad) { return 8 * (r / 4) + 2 * quad + (r & 1); }
 
-// Two adjacent values of G in one 4- or 8-byte store (p aligned to it).
-inline __device__ void store_pair(float* p, float a, float b) {
-  *reinterpret_cast<float2*>(p) = make_float2(a, b);
+// Two adjacent values of G as the bits of one 16-bit pair (rounded to
+// nearest even), for one 4-byte store.
+inline __device__ uint32_t pair_bits(const __nv_bfloat16*, float a, float b) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&v);
 }
-inline __device__ void store_pair(__nv_bfloat16* p, float a, float b) {
-  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
-}
-inline __device__ void store_pair(__half* p, float a, float b) {
-  *reinterpret_cast<__half2*>(p) = __floats2half2_rn(a, b);
+inline __device__ uint32_t pair_bits(const __half*, float a, float b) {
+  const __half2 v = __floats2half2_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&v);
 }
 
 // s = k tanh(z / k) in place over a consumer warp's subtile: the short
@@ -144,16 +144,21 @@ struct States {
         uint16_t* codes = stash.codes + b * stash.n * stash.block_cols + i * block_cols +
                           (n0 - block_j0);
         const bool pairs = limit >= kCols && reinterpret_cast<uintptr_t>(codes) % 4 == 0;
+        if (pairs) {  // packed first, then stored (as Dlogits' store_row, for the same reason)
+          uint32_t packed[32];
 #pragma unroll
-        for (int j = 0; j < 32; ++j) {
-          const int col = 8 * j + 2 * quad;
-          const uint16_t c0 = stash_code(ref, d[4 * j + 2 * h]);
-          const uint16_t c1 = stash_code(ref, d[4 * j + 2 * h + 1]);
-          if (pairs) {
-            *reinterpret_cast<uint32_t*>(codes + col) = uint32_t(c0) | uint32_t(c1) << 16;
-          } else {
-            if (col < limit) codes[col] = c0;
-            if (col + 1 < limit) codes[col + 1] = c1;
+          for (int j = 0; j < 32; ++j)
+            packed[j] = uint32_t(stash_code(ref, d[4 * j + 2 * h])) |
+                        uint32_t(stash_code(ref, d[4 * j + 2 * h + 1])) << 16;
+#pragma unroll
+          for (int j = 0; j < 32; ++j)
+            *reinterpret_cast<uint32_t*>(codes + 8 * j + 2 * quad) = packed[j];
+        } else {
+#pragma unroll
+          for (int j = 0; j < 32; ++j) {
+            const int col = 8 * j + 2 * quad;
+            if (col < limit) codes[col] = stash_code(ref, d[4 * j + 2 * h]);
+            if (col + 1 < limit) codes[col + 1] = stash_code(ref, d[4 * j + 2 * h + 1]);
           }
         }
         if (quad == 0)
@@ -313,19 +318,33 @@ struct Dlogits {
     static __device__ float rounded(float g) { return kStoreRounds ? g : round_as<kRound>(g); }
 
     // Row h's 64 values of G to row_out (class n0 of the row), adjacent
-    // pairs in one store where aligned.
+    // pairs in one store where aligned. 16-bit pairs are packed into 32
+    // registers first, then stored: packing each into one temporary before
+    // its store made every pack wait until the previous store had read it.
     __device__ void store_row(const float (&d)[128], int h, T* row_out, int limit) {
       const bool pairs =
           limit >= kCols && reinterpret_cast<uintptr_t>(row_out) % (2 * sizeof(T)) == 0;
+      if (pairs) {
+        if constexpr (sizeof(T) == 4) {
 #pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        const int col = 8 * j + 2 * quad;
-        const float g0 = d[4 * j + 2 * h], g1 = d[4 * j + 2 * h + 1];
-        if (pairs) {
-          store_pair(row_out + col, g0, g1);
+          for (int j = 0; j < 32; ++j)
+            *reinterpret_cast<float2*>(row_out + 8 * j + 2 * quad) =
+                make_float2(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
         } else {
-          if (col < limit) row_out[col] = T(g0);
-          if (col + 1 < limit) row_out[col + 1] = T(g1);
+          uint32_t packed[32];
+#pragma unroll
+          for (int j = 0; j < 32; ++j)
+            packed[j] = pair_bits(row_out, d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+#pragma unroll
+          for (int j = 0; j < 32; ++j)
+            *reinterpret_cast<uint32_t*>(row_out + 8 * j + 2 * quad) = packed[j];
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+          const int col = 8 * j + 2 * quad;
+          if (col < limit) row_out[col] = T(d[4 * j + 2 * h]);
+          if (col + 1 < limit) row_out[col + 1] = T(d[4 * j + 2 * h + 1]);
         }
       }
     }
