@@ -265,6 +265,27 @@ TEST_F(CudaGpu, NaNAndInfRows) {
   }
 }
 
+// merge_rows folds a row's tile states on 32 lanes (lane l: tiles l, l + 32,
+// ...): maxima tied across tiles of one lane, of two lanes and inside one
+// tile must still give the lowest class, as the oracle's scan does.
+TEST_F(CudaGpu, ArgmaxTiesAcrossTilesTakeTheLowestClass) {
+  // 8 x 16 tiles (the fixture): 600 classes are 38 tiles.
+  const Case c = logits(4, 600, 3);
+  DenseProblem d = c.problem();
+  const int64_t tied[4][2] = {{20, 532}, {520, 200}, {599, 598}, {5, 515}};
+  for (int64_t i = 0; i < 4; ++i)
+    for (int64_t j : tied[i]) d.logits[i * 600 + j] = 100;
+  // The policy accepts either of two tied classes, so the classes are
+  // checked by value too.
+  Request rq;
+  rq.pass = Pass::forward;
+  rq.config = cuda();
+  const Outputs out = run_library(d, c.storage(), rq);
+  ASSERT_TRUE(out.status.ok()) << out.status.error;
+  EXPECT_EQ(out.argmax, (std::vector<int64_t>{20, 200, 598, 5}));
+  check(d, c.storage(), Pass::forward);
+}
+
 TEST_F(CudaGpu, DefaultTilesOnALargerProblem) {
   unsetenv("FLCE_CUDA_TILE");
   unsetenv("FLCE_CUDA_BLOCK");
