@@ -53,7 +53,11 @@
 //   tanh w), tanh itself, the product by k, and k's conversion (k (1 + d)
 //   moves s by |d| (|s| + |z| (1 - t^2)) <= 2 u |s|). Storing the logits costs
 //   u_s |s| whether it happens before the softcap (u_s|z|(1 - t^2) <= u_s|s|)
-//   or after it.
+//   or after it. The fused sm90 kernels compute the softcap of a warp's
+//   subtile whose |z| are all <= 0.6 k as one polynomial instead
+//   (src/cuda/softcap_small.h): at most 2.91 u of relative error in s over
+//   every float of that range (measured for seven k; tests/
+//   test_softcap_small.cpp checks (kappa + 4) u), inside the same budget.
 // An exact logit of +-inf (an infinite logits entry) is exact: ds_ij = 0.
 // Delta_i = max_j ds_ij, the row's worst logit error.
 //
