@@ -294,7 +294,6 @@ __global__ void tile_states_kernel(LossArgs g, ScoreTile tile, int64_t t, int64_
       TileState{st.max, st.sum_exp, st.sum_exp_s, st.sum_cs, st.argmax, st.first_nan};
 }
 
-// One thread per row: the tile states in order, in double (src/cpu/steps.cpp).
 // The row's max so far and where it is (arg -1: not yet). Of two, the
 // larger max wins and, on a tie, the lower class: the first tile in class
 // order that reaches the row's max, as a scan in tile order finds it.
@@ -314,9 +313,11 @@ __device__ double warp_sum(double v) {
   return v;
 }
 
-// One warp per row: lane l folds tiles l, l + 32, ... in order, then the
-// lanes combine in a fixed butterfly (a thread per row walking 100-odd
-// uncoalesced 32-byte states was latency-bound: 178 us at the Gemma-2 head).
+// A row's tile states -> lse, the forward outputs, RowInfo, in double (as
+// src/cpu/steps.cpp merges them). One warp per row: lane l folds tiles l,
+// l + 32, ... in order, then the lanes combine in a fixed butterfly (a
+// thread per row walking 100-odd uncoalesced 32-byte states was
+// latency-bound: 178 us at the Gemma-2 head).
 constexpr int kMergeRowsPerBlock = 4;
 
 __global__ void merge_rows_kernel(LossArgs g, const TileState* states, int64_t tiles, int64_t r0,

@@ -4,11 +4,12 @@
 // The backend computes raw logits u = x . W_j for a [rows x vocab tile]
 // score tile with a cuBLAS GEMM, then runs these kernels over the tile:
 //   tile_states    one softmax state per (row, tile), as simd/kernels.h
-//   merge_rows     the states of a row in tile order -> lse, outputs, RowInfo
+//   merge_rows     the states of a row (a warp each, fixed order) -> lse, outputs, RowInfo
 //   dlogits        G = d objective / d u from u and the row's RowInfo
 // plus the small ones around them (prepare, reduce_loss, column_sums and
 // dtype conversions). The README's "Semantics" defines every quantity; the
-// formulas are the cpu backend's (src/cpu/steps.cpp), in the same order.
+// formulas are the cpu backend's (src/cpu/steps.cpp), in the same order,
+// except that merge_rows adds a row's tiles in a fixed tree over 32 lanes.
 //
 // Determinism: every output element has one owner thread and every sum runs
 // in a fixed order (a fixed-shape tree inside a block, tiles and row blocks
