@@ -10,19 +10,19 @@
 
 #include "common/float16.h"
 #include "cpu/operands.h"
-#include "support/float_bits.h"
+#include "simd/testing/float_bits.h"
 
 namespace flce {
 namespace {
 
-using flce_test::bits_of;
-using flce_test::float_of;
+using flce::simd::testing::bits;
+using flce::simd::testing::from_bits;
 
 // Nearest bf16 by search: the truncation and the next pattern away from
 // zero bracket f; take the closer in exact double arithmetic, the even one
 // on a tie (finite f whose rounding stays finite).
 uint16_t bf16_by_search(float f) {
-  const uint16_t lo = uint16_t(bits_of(f) >> 16), hi = uint16_t(lo + 1);
+  const uint16_t lo = uint16_t(bits(f) >> 16), hi = uint16_t(lo + 1);
   const double d_lo = std::fabs(double(bf16_to_f32(lo)) - f);
   const double d_hi = std::fabs(double(bf16_to_f32(hi)) - f);
   if (d_lo != d_hi) return d_lo < d_hi ? lo : hi;
@@ -58,7 +58,7 @@ TEST(Float16, F32ToF16MatchesF16cInstruction) {
   if (!__builtin_cpu_supports("f16c")) GTEST_SKIP() << "this CPU has no F16C";
   std::mt19937 rng(7);
   for (int i = 0; i < 2000000; ++i) {
-    float f = float_of(rng());
+    float f = from_bits(rng());
     if (std::isnan(f)) continue;
     if (i % 2) f = std::ldexp(float(rng() % 65536) / 65536.0f + 1.0f, int(rng() % 44) - 28);
     ASSERT_EQ(f32_to_f16(f), f16_by_hardware(f)) << "value " << f;
@@ -68,7 +68,7 @@ TEST(Float16, F32ToF16MatchesF16cInstruction) {
 TEST(Float16, F32AndF64ToBf16MatchTheNearestBySearch) {
   std::mt19937 rng(11);
   for (int i = 0; i < 2000000; ++i) {
-    const float f = float_of(rng());
+    const float f = from_bits(rng());
     if (!std::isfinite(f) || std::fabs(f) > 3.38e38f) continue;  // rounding past the max: Inf
     ASSERT_EQ(f32_to_bf16(f), bf16_by_search(f)) << "value " << f;
     ASSERT_EQ(f64_to_bf16(double(f)), bf16_by_search(f)) << "value " << f;
@@ -113,21 +113,22 @@ TEST(Float16, OverflowSubnormalsAndSpecials) {
 // f32_to_bf16: every f32 pattern, in 4096-element calls.
 TEST(Float16, CpuBf16ConversionsMatchEveryPattern) {
   std::vector<float> in(4096), rounded(4096);
-  std::vector<uint16_t> bits(4096);
+  std::vector<uint16_t> bf16_bits(4096);
   for (uint64_t start = 0; start < (uint64_t(1) << 32); start += in.size()) {
-    for (size_t i = 0; i < in.size(); ++i) in[i] = float_of(uint32_t(start + i));
-    cpu::f32_to_bf16_bits(in.data(), int64_t(in.size()), bits.data());
+    for (size_t i = 0; i < in.size(); ++i) in[i] = from_bits(uint32_t(start + i));
+    cpu::f32_to_bf16_bits(in.data(), int64_t(in.size()), bf16_bits.data());
     rounded = in;
     cpu::round_to_storage(rounded.data(), int64_t(rounded.size()), Dtype::bf16);
     for (size_t i = 0; i < in.size(); ++i) {
       const uint16_t want = f32_to_bf16(in[i]);
       if (std::isnan(in[i])) {  // a quiet NaN of the same sign; payloads may differ
-        ASSERT_TRUE((bits[i] & 0x7FC0) == 0x7FC0 && (bits[i] >> 15) == (want >> 15)) << start + i;
-        ASSERT_EQ(bits_of(rounded[i]), uint32_t(bits[i]) << 16) << "pattern " << start + i;
+        ASSERT_TRUE((bf16_bits[i] & 0x7FC0) == 0x7FC0 && (bf16_bits[i] >> 15) == (want >> 15))
+            << start + i;
+        ASSERT_EQ(bits(rounded[i]), uint32_t(bf16_bits[i]) << 16) << "pattern " << start + i;
         continue;
       }
-      ASSERT_EQ(bits[i], want) << "pattern " << start + i;
-      ASSERT_EQ(bits_of(rounded[i]), uint32_t(want) << 16) << "pattern " << start + i;
+      ASSERT_EQ(bf16_bits[i], want) << "pattern " << start + i;
+      ASSERT_EQ(bits(rounded[i]), uint32_t(want) << 16) << "pattern " << start + i;
     }
   }
 }

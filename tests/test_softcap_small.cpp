@@ -8,7 +8,7 @@
 #include <cstdint>
 
 #include "cuda/softcap_small.h"
-#include "support/float_bits.h"
+#include "simd/testing/float_bits.h"
 #include "support/tolerance.h"
 
 namespace {
@@ -16,16 +16,16 @@ namespace {
 using flce::cuda::softcap_small;
 using flce::cuda::softcap_small_limit;
 
-using flce_test::bits_of;
-using flce_test::float_of;
+using flce::simd::testing::bits;
+using flce::simd::testing::from_bits;
 
-// The largest relative error of softcap_small over z = float_of(b) for b in
+// The largest relative error of softcap_small over z = from_bits(b) for b in
 // [first, last] by `step`, in units of f32's u = 2^-24 (-1: a wrong zero).
 double worst_error_in_u(double k, uint32_t first, uint32_t last, uint32_t step) {
   const float inv_k = float(1 / k);  // as cuda_backend.cpp converts it
   double worst = 0;
   for (uint64_t b = first; b <= last; b += step) {
-    const float z = float_of(uint32_t(b));
+    const float z = from_bits(uint32_t(b));
     const double exact = k * std::tanh(double(z) / k);
     const float s = softcap_small(z, inv_k);
     if (exact == 0) {
@@ -42,7 +42,7 @@ TEST(SoftcapSmall, WithinThePolicysBudgetForTheSoftcapOverItsRange) {
   // tests/support/tolerance.h: z/k, tanh, the product by k, k's conversion).
   const double budget = flce_test::kFunctionUlps + 4;
   for (double k : {30.0, 1.0, 7.3, 1000.0, 3e-5}) {
-    const uint32_t top = bits_of(softcap_small_limit(float(k)));
+    const uint32_t top = bits(softcap_small_limit(float(k)));
     const double sampled = worst_error_in_u(k, 0, top, 97);
     const double low_end = worst_error_in_u(k, 0, 100000, 1);
     const double high_end = worst_error_in_u(k, top - 100000, top, 1);

@@ -41,6 +41,7 @@
 
 #include "simd/dispatch.h"
 #include "simd/kernels.h"
+#include "simd/testing/float_bits.h"
 
 namespace flce::simd::testing {
 
@@ -80,16 +81,6 @@ struct Report {
 
 // ---------------------------------------------------------------- helpers
 
-inline uint32_t bits(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, 4);
-  return b;
-}
-inline float from_bits(uint32_t b) {
-  float f;
-  std::memcpy(&f, &b, 4);
-  return f;
-}
 inline bool same_bits(float a, float b) { return bits(a) == bits(b); }
 inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
