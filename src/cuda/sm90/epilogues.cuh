@@ -32,6 +32,16 @@ inline __device__ uint32_t pair_bits(const __half*, float a, float b) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// A thread's row of 32 packed 16-bit pairs to p[8 j + 2 quad] (4-byte
+// aligned), after all are packed: packing each into one temporary right
+// before its store made every pack wait until the previous store had read it.
+template <typename T16>
+inline __device__ void store_packed_pairs(T16* p, int quad, const uint32_t (&packed)[32]) {
+  static_assert(sizeof(T16) == 2, "pairs of 16-bit values");
+#pragma unroll
+  for (int j = 0; j < 32; ++j) *reinterpret_cast<uint32_t*>(p + 8 * j + 2 * quad) = packed[j];
+}
+
 // s = k tanh(z / k) in place over a consumer warp's subtile: the short
 // polynomial (softcap_small.h) when every |z| of the warp is within its range
 // (one vote, so the warp takes one path; a NaN z passes as NaN), else tanhf.
@@ -144,15 +154,13 @@ struct States {
         uint16_t* codes = stash.codes + b * stash.n * stash.block_cols + i * block_cols +
                           (n0 - block_j0);
         const bool pairs = limit >= kCols && reinterpret_cast<uintptr_t>(codes) % 4 == 0;
-        if (pairs) {  // packed first, then stored (as Dlogits' store_row, for the same reason)
+        if (pairs) {
           uint32_t packed[32];
 #pragma unroll
           for (int j = 0; j < 32; ++j)
             packed[j] = uint32_t(stash_code(ref, d[4 * j + 2 * h])) |
                         uint32_t(stash_code(ref, d[4 * j + 2 * h + 1])) << 16;
-#pragma unroll
-          for (int j = 0; j < 32; ++j)
-            *reinterpret_cast<uint32_t*>(codes + 8 * j + 2 * quad) = packed[j];
+          store_packed_pairs(codes, quad, packed);
         } else {
 #pragma unroll
           for (int j = 0; j < 32; ++j) {
@@ -318,9 +326,7 @@ struct Dlogits {
     static __device__ float rounded(float g) { return kStoreRounds ? g : round_as<kRound>(g); }
 
     // Row h's 64 values of G to row_out (class n0 of the row), adjacent
-    // pairs in one store where aligned. 16-bit pairs are packed into 32
-    // registers first, then stored: packing each into one temporary before
-    // its store made every pack wait until the previous store had read it.
+    // pairs in one store where aligned (16-bit ones: store_packed_pairs).
     __device__ void store_row(const float (&d)[128], int h, T* row_out, int limit) {
       const bool pairs =
           limit >= kCols && reinterpret_cast<uintptr_t>(row_out) % (2 * sizeof(T)) == 0;
@@ -335,9 +341,7 @@ struct Dlogits {
 #pragma unroll
           for (int j = 0; j < 32; ++j)
             packed[j] = pair_bits(row_out, d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
-#pragma unroll
-          for (int j = 0; j < 32; ++j)
-            *reinterpret_cast<uint32_t*>(row_out + 8 * j + 2 * quad) = packed[j];
+          store_packed_pairs(row_out, quad, packed);
         }
       } else {
 #pragma unroll
