@@ -11,6 +11,9 @@
 //                   accumulator in registers (wgmma m64n256k16, 128 floats
 //                   a thread), then the epilogue (States, Dlogits or
 //                   StoreF32) works on them, and the next 256 classes begin.
+//                   An epilogue may ask for Epilogue::kStagingBytes of
+//                   shared memory per consumer (Dlogits stages G there for
+//                   TMA stores).
 // Stages are handed over with mbarriers: `full` (the TMA's bytes arrived)
 // and `empty` (every consumer warp is done reading). Each state is folded
 // in a fixed order (columns ascending within a thread, a fixed butterfly
@@ -39,8 +42,19 @@ constexpr int kThreads = 384;
 constexpr int kConsumerWarps = 8;
 constexpr uint32_t kStageBytesA = kRows * kDepth * 2;  // 16 KiB
 constexpr uint32_t kStageBytesB = kCols * kDepth * 2;  // 32 KiB
-constexpr size_t kSharedBytes =
-    1024 + kStages * size_t(kStageBytesA + kStageBytesB) + 2 * kStages * sizeof(uint64_t);
+constexpr size_t kStagesBytes = kStages * size_t(kStageBytesA + kStageBytesB);
+constexpr size_t kSharedLimit = 227 * 1024;  // the most dynamic shared memory of a block (sm_90)
+
+// The stages, then each consumer's staging (1024-byte aligned), then the
+// barriers; 1024 for aligning the start.
+template <class Epilogue>
+constexpr size_t shared_bytes() {
+  static_assert(Epilogue::kStagingBytes % 1024 == 0, "staging keeps the 1024-byte alignment");
+  constexpr size_t bytes =
+      1024 + kStagesBytes + 2 * size_t(Epilogue::kStagingBytes) + 2 * kStages * sizeof(uint64_t);
+  static_assert(bytes <= kSharedLimit, "the stages and the staging fit one block");
+  return bytes;
+}
 
 // Where a block works: rows [row0 + 128 blockIdx.x, +128) clipped to
 // row_end, classes [col0 + chunk blockIdx.y, +chunk) clipped to v.
@@ -62,7 +76,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       (reinterpret_cast<uintptr_t>(shared_raw) + 1023) / 1024 * 1024);  // the swizzle's alignment
   uint8_t* a_stages = base;
   uint8_t* b_stages = base + kStages * kStageBytesA;
-  uint64_t* full = reinterpret_cast<uint64_t*>(b_stages + kStages * kStageBytesB);
+  uint8_t* staging = base + kStagesBytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(staging + 2 * Epilogue::kStagingBytes);
   uint64_t* empty = full + kStages;
   const int warpgroup = threadIdx.x / 128, tid = threadIdx.x % 128;
   if (threadIdx.x == 0) {
@@ -102,7 +117,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   registers_claim<240>();
   const int consumer = warpgroup - 1, warp = tid / 32, lane = tid % 32;
   typename Epilogue::Thread out(epi, grid, m0 + 64 * consumer + 16 * warp + lane / 4, c_begin,
-                                blockIdx.y);
+                                blockIdx.y, staging + consumer * Epilogue::kStagingBytes);
   int it = 0;
   for (int sub = 0; sub < subtiles; ++sub) {
     const int64_t n0 = c_begin + int64_t(sub) * kCols;
@@ -146,6 +161,7 @@ std::string launch(const Tensor& x, const Tensor& w, const Grid& grid, const Epi
   if (auto e = tensor_map(x, x.shape[0], kRows, &x_map); !e.empty()) return e;
   if (auto e = tensor_map(w, w.shape[0], kCols, &w_map); !e.empty()) return e;
   auto kernel = gemm_rows_kernel<kHalf, Epilogue>;
+  constexpr size_t kSharedBytes = shared_bytes<Epilogue>();
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            int(kSharedBytes)) != cudaSuccess)
     return std::string("gemm_rows_kernel: ") + cudaGetErrorString(cudaGetLastError());

@@ -27,24 +27,32 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
-}  // namespace
-
-std::string tensor_map(const Tensor& t, int64_t rows, uint32_t box_rows, CUtensorMap* map) {
+// The TMA map of a row-major [rows, cols] matrix of 16-bit values (row
+// stride ld elements) in [box_rows x box_cols] boxes with the 128-byte
+// swizzle (box_cols = 64: one swizzle row).
+std::string map_16bit(void* data, Dtype dtype, int64_t rows, int64_t cols, int64_t ld,
+                      uint32_t box_rows, uint32_t box_cols, CUtensorMapL2promotion promotion,
+                      CUtensorMap* map) {
   const auto encode = tensor_map_encoder();
   if (encode == nullptr) return "the CUDA driver has no cuTensorMapEncodeTiled";
-  const cuuint64_t dims[2] = {cuuint64_t(t.shape[1]), cuuint64_t(rows)};
-  const cuuint64_t strides[1] = {cuuint64_t(t.stride[0]) * 2};
-  const cuuint32_t box[2] = {kDepth, box_rows};
+  const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(ld) * 2};
+  const cuuint32_t box[2] = {box_cols, box_rows};
   const cuuint32_t element_strides[2] = {1, 1};
   const CUresult r = encode(
-      map,
-      t.dtype == Dtype::f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-      2, t.data, dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+      map, dtype == Dtype::f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+      2, data, dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
     return "cuTensorMapEncodeTiled failed (CUresult " + std::to_string(r) + ")";
   return "";
+}
+
+}  // namespace
+
+std::string tensor_map(const Tensor& t, int64_t rows, uint32_t box_rows, CUtensorMap* map) {
+  return map_16bit(t.data, t.dtype, rows, t.shape[1], t.stride[0], box_rows, kDepth,
+                   CU_TENSOR_MAP_L2_PROMOTION_L2_256B, map);
 }
 
 namespace {
@@ -57,20 +65,40 @@ namespace {
 // 512: 67.2 / 50.2 / 32.3, 1024: 65.3 / 50.1 / 31.0, 2048: 65.3 / 50.7 /
 // 29.7, 4096: 69.5 / 52.9 / 30.9.
 constexpr int64_t kDlogitsChunk = 1024;
+static_assert(kDlogitsChunk % kCols == 0, "a subtile ends only at a chunk's end or at G's last class");
+
+// Dlogits' epilogue for G at g, with the TMA map of its staged stores where
+// G is 16-bit and its rows are 16-byte aligned (the TMA's rule).
+template <typename T, int kRound, DlogitsForm kForm>
+std::string launch_dlogits_form(const LossArgs& args, const Tensor& x, const Tensor& w,
+                                const Grid& grid, void* g, Dtype g_dtype, int64_t g_ld,
+                                int64_t r0, int64_t j0, cudaStream_t stream) {
+  Dlogits<T, kRound, kForm> e{args, static_cast<T*>(g), g_ld, r0, j0};
+  e.tma = e.kStaged && reinterpret_cast<uintptr_t>(g) % 16 == 0 && g_ld % 8 == 0;
+  if (e.tma) {
+    using D = decltype(e);
+    if (auto err = map_16bit(g, g_dtype, grid.row_end - r0, grid.v - j0, g_ld, D::kBox, D::kBox,
+                             CU_TENSOR_MAP_L2_PROMOTION_NONE, &e.g_map);
+        !err.empty())
+      return "G's TMA map: " + err;
+  }
+  return launch_for(x, w, grid, e, stream);
+}
 
 template <typename T, int kRound>
 std::string launch_dlogits(const LossArgs& args, const Tensor& x, const Tensor& w,
-                           const Grid& grid, void* g, int64_t g_ld, int64_t r0, int64_t j0,
-                           cudaStream_t stream) {
-  T* out = static_cast<T*>(g);
+                           const Grid& grid, void* g, Dtype g_dtype, int64_t g_ld, int64_t r0,
+                           int64_t j0, cudaStream_t stream) {
   switch (dlogits_form(args)) {
     case kPlain:
-      return launch_for(x, w, grid, Dlogits<T, kRound, kPlain>{args, out, g_ld, r0, j0}, stream);
+      return launch_dlogits_form<T, kRound, kPlain>(args, x, w, grid, g, g_dtype, g_ld, r0, j0,
+                                                    stream);
     case kPlainSoftcap:
-      return launch_for(x, w, grid, Dlogits<T, kRound, kPlainSoftcap>{args, out, g_ld, r0, j0},
-                        stream);
+      return launch_dlogits_form<T, kRound, kPlainSoftcap>(args, x, w, grid, g, g_dtype, g_ld, r0,
+                                                           j0, stream);
     default:
-      return launch_for(x, w, grid, Dlogits<T, kRound, kGeneral>{args, out, g_ld, r0, j0}, stream);
+      return launch_dlogits_form<T, kRound, kGeneral>(args, x, w, grid, g, g_dtype, g_ld, r0, j0,
+                                                      stream);
   }
 }
 
@@ -141,14 +169,14 @@ std::string gemm_dlogits(const LossArgs& args, const Tensor& x, const Tensor& w,
                          int64_t g_ld, Dtype round_to, cudaStream_t stream) {
   const Grid grid{r0, r0 + rows, j0, kDlogitsChunk, j0 + cols, k_tiles(x)};
   if (g_dtype == Dtype::bf16)
-    return launch_dlogits<__nv_bfloat16, kBf16>(args, x, w, grid, g, g_ld, r0, j0, stream);
+    return launch_dlogits<__nv_bfloat16, kBf16>(args, x, w, grid, g, g_dtype, g_ld, r0, j0, stream);
   if (g_dtype == Dtype::f16)
-    return launch_dlogits<__half, kF16>(args, x, w, grid, g, g_ld, r0, j0, stream);
+    return launch_dlogits<__half, kF16>(args, x, w, grid, g, g_dtype, g_ld, r0, j0, stream);
   if (round_to == Dtype::bf16)
-    return launch_dlogits<float, kBf16>(args, x, w, grid, g, g_ld, r0, j0, stream);
+    return launch_dlogits<float, kBf16>(args, x, w, grid, g, g_dtype, g_ld, r0, j0, stream);
   if (round_to == Dtype::f16)
-    return launch_dlogits<float, kF16>(args, x, w, grid, g, g_ld, r0, j0, stream);
-  return launch_dlogits<float, kF32>(args, x, w, grid, g, g_ld, r0, j0, stream);
+    return launch_dlogits<float, kF16>(args, x, w, grid, g, g_dtype, g_ld, r0, j0, stream);
+  return launch_dlogits<float, kF32>(args, x, w, grid, g, g_dtype, g_ld, r0, j0, stream);
 }
 
 std::string gemm_f32(const Tensor& x, const Tensor& w, float* c, int64_t ldc, cudaStream_t stream) {

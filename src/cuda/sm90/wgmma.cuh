@@ -1,6 +1,6 @@
 // src/cuda/sm90/wgmma.cuh: the Hopper (sm_90a) instructions the fused
 // kernels use, as inline PTX (internal; device code, compiled only for
-// sm_90a): mbarriers, TMA tile loads, warpgroup MMAs and register
+// sm_90a): mbarriers, TMA tile loads and stores, warpgroup MMAs and register
 // reallocation. The PTX ISA manual (sections "mbarrier", "cp.async.bulk.tensor",
 // "wgmma" and "setmaxnreg") defines each; the shared-memory descriptor's bit
 // fields are its "Matrix Descriptor Format".
@@ -58,6 +58,35 @@ inline __device__ void tma_load_2d(void* dst, const void* map, uint64_t* bar, in
       " [%0], [%1, {%2, %3}], [%4];" ::"r"(shared_address(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(shared_address(bar))
       : "memory");
+}
+
+// The box of `map` at element coordinates (c0 innermost, c1) from shared
+// memory at src to global memory, as one bulk async-group of this thread's;
+// parts of the box outside the tensor are not written.
+inline __device__ void tma_store_2d(const void* map, const void* src, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(shared_address(src)), "r"(c0), "r"(c1)
+      : "memory");
+}
+inline __device__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+// Until at most kPending of this thread's bulk groups are still reading
+// their shared memory (the buffer of older ones may be rewritten).
+template <int kPending>
+inline __device__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(kPending) : "memory");
+}
+// Until all of this thread's bulk groups have written global memory.
+inline __device__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+// Makes this thread's shared-memory writes visible to the TMA (async proxy).
+inline __device__ void fence_shared_for_tma() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+// A barrier for `threads` threads (a multiple of 32) under id (1-15; 0 is
+// __syncthreads').
+inline __device__ void named_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
 // ---- warpgroup MMA --------------------------------------------------------
