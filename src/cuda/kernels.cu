@@ -139,20 +139,6 @@ __device__ void store_codes(uint16_t* codes, int c, int n, float ref, const floa
   for (int k = 0; k < n; ++k) codes[c + k] = h[k];
 }
 
-// The scores of columns c .. c+n (n <= 4) of a stashed row, as Quad.
-__device__ Quad unstash_quad(const uint16_t* codes, float ref, int c, int n, bool aligned) {
-  uint16_t h[4] = {0, 0, 0, 0};
-  if (aligned && n == 4) {
-    *reinterpret_cast<uint2*>(h) = *reinterpret_cast<const uint2*>(codes + c);
-  } else {
-    for (int k = 0; k < n; ++k) h[k] = codes[c + k];
-  }
-  Quad q;
-#pragma unroll
-  for (int k = 0; k < 4; ++k) q.v[k] = unstash(ref, h[k]);
-  return q;
-}
-
 // The first NaN score among this thread's quads of a row (the walk of
 // tile_states_kernel), or -1. Run only when the thread's sum_exp came out
 // NaN, which a NaN score always causes and nothing else can: exp of a score
@@ -470,14 +456,45 @@ __device__ void store_quad<__half>(__half* g, int c, int n, const float v[4], bo
 // Threads per row in dlogits: each takes 8 quads of a 4096-wide tile.
 constexpr int kDlogitsThreads = 128;
 
+// G of a stashed row (16-bit, never the logits entry): eight columns a
+// thread at a time, one 16-byte load of codes and one 16-byte store of G
+// where aligned. With four (8-byte accesses) the Llama-3 head's decode moved
+// about 1.8 TB/s on an H100. Columns [c, c + 8) share one ref: ref_cols is
+// a multiple of 8, or the row's width.
+template <class Row, typename T>
+__device__ void decode_stashed_row(const Row& row, const uint16_t* codes, const float* refs,
+                                   int ref_cols, T* g_row, int cols) {
+  static_assert(sizeof(T) == 2, "stashed tiles have 16-bit G");
+  const bool aligned = reinterpret_cast<uintptr_t>(codes) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(g_row) % 16 == 0;
+  for (int c = 8 * threadIdx.x; c < cols; c += 8 * kDlogitsThreads) {
+    const int n = cols - c < 8 ? cols - c : 8;
+    const float ref = refs[c / ref_cols];
+    alignas(16) uint16_t h[8] = {};
+    if (aligned && n == 8) {
+      *reinterpret_cast<uint4*>(h) = *reinterpret_cast<const uint4*>(codes + c);
+    } else {
+      for (int k = 0; k < n; ++k) h[k] = codes[c + k];
+    }
+    alignas(16) T gv[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) store_g<T>(gv, k, k < n ? row(unstash(ref, h[k]), c + k) : 0.0f);
+    if (aligned && n == 8) {
+      *reinterpret_cast<uint4*>(g_row + c) = *reinterpret_cast<const uint4*>(gv);
+    } else {
+      for (int k = 0; k < n; ++k) g_row[c + k] = gv[k];
+    }
+  }
+}
+
 // One block per row of the tile; each thread takes quads of adjacent
 // columns (one 16-byte load of u, one 8- or 16-byte store of G). out may be
 // null (the logits entry writes only grad_logits). The rounding dtype and
 // the formula (DlogitsForm) are compile-time: with them chosen per element, the
 // kernel was bound by instruction issue (Nsight Compute, Llama-3 head on an
 // H100: SM 79% and DRAM 42% of peak, 65 us a tile; now 52% and 68%, 39 us).
-// kStashed: the tile's scores come from its stash (one 8-byte load of
-// codes a quad), not from raw logits.
+// kStashed: the tile's scores come from its stash (decode_stashed_row),
+// not from raw logits.
 template <typename T, int kRound, DlogitsForm kForm, bool kStashed = false>
 __global__ void dlogits_kernel(LossArgs g, ScoreTile tile, void* out, int64_t out_ld,
                                DView grad_logits) {
@@ -489,17 +506,19 @@ __global__ void dlogits_kernel(LossArgs g, ScoreTile tile, void* out, int64_t ou
   const float* refs = kStashed ? tile.stash.refs + r * tile.stash.refs_ld : nullptr;
   const bool ref_per_group = kStashed && tile.stash.ref_cols < cols;  // the fused kernel's
   T* g_row = out ? static_cast<T*>(out) + r * out_ld : nullptr;
-  const bool aligned = (kStashed ? reinterpret_cast<uintptr_t>(codes) % 8 == 0
-                                 : reinterpret_cast<uintptr_t>(u) % 16 == 0) &&
+  if constexpr (kStashed) {
+    decode_stashed_row(row, codes, refs, ref_per_group ? int(tile.stash.ref_cols) : cols,
+                       static_cast<T*>(g_row), cols);
+    return;
+  }
+  const bool aligned = reinterpret_cast<uintptr_t>(u) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(g_row) % (4 * sizeof(T)) == 0;
   for (int c = 4 * threadIdx.x; c < cols; c += 4 * kDlogitsThreads) {
     const int n = cols - c < 4 ? cols - c : 4;
-    const float ref = !kStashed ? 0.0f : refs[ref_per_group ? c / tile.stash.ref_cols : 0];
-    const Quad uq = kStashed ? unstash_quad(codes, ref, c, n, aligned) : Quad(u, c, n, aligned);
+    const Quad uq(u, c, n, aligned);
     float v[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k)
-      v[k] = k < n ? row(kStashed ? uq.v[k] : row.score(uq.v[k], c + k), c + k) : 0.0f;
+    for (int k = 0; k < 4; ++k) v[k] = k < n ? row(row.score(uq.v[k], c + k), c + k) : 0.0f;
     if (g_row) store_quad<T>(g_row, c, n, v, aligned);
     if (grad_logits.present()) {
       for (int k = 0; k < n; ++k)
