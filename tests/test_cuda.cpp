@@ -568,7 +568,11 @@ TEST_F(CudaGpu, FusedGemmLoopMatchesExactProducts) {
 TEST_F(CudaGpu, FusedStatesAgreeWithTheOracle) {
   SKIP_WITHOUT_FUSED();
   // Tiles of 1000 and 300 classes (gemm_states' blocks end inside a
-  // subtile) and the default; 2000 classes, gemm_dlogits' blocks of 1024.
+  // subtile) and the default; 4400 classes, two of gemm_dlogits' blocks
+  // of 2048 and one ending inside a subtile. With 300-class tiles G's rows
+  // (whole tiles: 2100 or 4500 classes) are not a multiple of 8 wide, so G
+  // goes out by direct stores; with the others by TMA stores (epilogues.cuh,
+  // Dlogits).
   for (const char* tile : {"100x1000", "64x300", "4096x4096"}) {
     setenv("FLCE_CUDA_TILE", tile, 1);
     for (Dtype dtype : {Dtype::bf16, Dtype::f16}) {
@@ -586,6 +590,7 @@ TEST_F(CudaGpu, FusedStatesAgreeWithTheOracle) {
 #endif
       check_all_passes(all);
       check_all_passes(head(130, 72, 1100, 22).stored_as(dtype).reduction(Reduction::sum));
+      check_all_passes(head(130, 64, 4400, 26).stored_as(dtype).label_smoothing(0.1));
       check_all_passes(head(130, 64, 600, 23).stored_as(dtype).softcap(30).logit_magnitude(40));
       // The softcap's two paths (epilogues.cuh, softcap_subtile): every
       // |z| <= 0.6 k, so the polynomial everywhere; and nearly every warp

@@ -59,12 +59,15 @@ namespace {
 
 // Classes per block in gemm_dlogits. A gradient block is only a few score
 // tiles wide (3 at the Gemma-2 head), so blocks of a whole tile's classes
-// made 192 blocks there: one full wave of 132 SMs and one 45% full. 1024
-// makes 768 (5.8 waves) there and 512 at H = 1024. Steps on an H100
+// made 192 blocks there: one full wave of 132 SMs and one 45% full. 2048
+// makes 384 (2.9 waves) there and 384 at H = 1024. Steps on an H100
 // (bench/cuda_bench.py, shuffled rounds, ms at Gemma-2 / Llama-3 / H = 1024):
 // 512: 67.2 / 50.2 / 32.3, 1024: 65.3 / 50.1 / 31.0, 2048: 65.3 / 50.7 /
-// 29.7, 4096: 69.5 / 52.9 / 30.9.
-constexpr int64_t kDlogitsChunk = 1024;
+// 29.7, 4096: 69.5 / 52.9 / 30.9. This kernel alone (torch.profiler, two
+// rounds on an H200, with the TMA stores of G): 1024: 12.98 / 7.22 / 7.86,
+// 2048: 12.77 / 7.19 / 7.60, 1536: 12.92 / 7.16 / 7.73, 4096: 16.26 / 9.35
+// / 7.60 ms.
+constexpr int64_t kDlogitsChunk = 2048;
 static_assert(kDlogitsChunk % kCols == 0, "a subtile ends only at a chunk's end or at G's last class");
 
 // Dlogits' epilogue for G at g, with the TMA map of its staged stores where
