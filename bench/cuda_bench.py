@@ -214,7 +214,10 @@ def bench_shape(name, reps, variants):
     return row
 
 
-def profile(name):
+def profile(name, calls_per_profile=5):
+    """GPU time per call of each kernel of an flce step and forward at the
+    shape: torch.profiler over calls_per_profile calls back to back, after
+    two warm-ups (one cold call runs at other clocks)."""
     n, h, v, softcap = SHAPES[name]
     x = torch.randn(n, h, device="cuda").to(torch.bfloat16)
     w = (torch.randn(v, h, device="cuda") / h ** 0.5).to(torch.bfloat16)
@@ -225,13 +228,19 @@ def profile(name):
         "fwd": lambda: flce.forward(x, w, y, softcap=softcap, backend="cuda"),
     }
     for what, fn in calls.items():
-        fn()
+        for _ in range(2):
+            fn()
         torch.cuda.synchronize()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            fn()
+            for _ in range(calls_per_profile):
+                fn()
             torch.cuda.synchronize()
-        print(f"\n{name} {what}: GPU time by kernel")
-        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=70))
+        rows = sorted(((e.self_device_time_total / calls_per_profile / 1e3, e.count, e.key)
+                       for e in prof.key_averages() if e.self_device_time_total > 0), reverse=True)
+        print(f"\n{name} {what}: GPU ms per call by kernel ({calls_per_profile} calls back to "
+              f"back), {sum(r[0] for r in rows):.2f} ms in all")
+        for ms, count, key in rows[:12]:
+            print(f"  {ms:8.3f} ms  {count // calls_per_profile:4d} launches  {key[:90]}")
 
 
 def main():
@@ -244,8 +253,9 @@ def main():
                          "defaults); the table shows the first")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--profile", metavar="SHAPE",
-                    help="also print torch.profiler's per-kernel GPU times of one flce step "
-                         "and one forward at SHAPE (where the time over the GEMMs goes)")
+                    help="also print torch.profiler's per-kernel GPU times of flce steps "
+                         "and forwards at SHAPE, five of each back to back (where the time "
+                         "over the GEMMs goes)")
     ap.add_argument("--baseline", metavar="DIR",
                     help="also time the flce package in DIR (another build's python "
                          "directory) as the variant 'baseline', in the same rounds")
