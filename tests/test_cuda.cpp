@@ -425,6 +425,25 @@ TEST_F(CudaGpu, StashedScoresAgreeWithTheOracle) {
   EXPECT_EQ(stash_cols(Dtype::bf16), 52);
   check_all_passes(stashed(14).gradients_as(Dtype::bf16).with_bias().label_smoothing(0.1)
                        .with_grad_entropy());
+  // Tiles of whole 256-class ref groups (the fused kernel's) and cuBLAS's
+  // tiles of 16: a stashed block is decoded in one launch across its tiles
+  // (passes.cpp, stash_decodes_by_block). H = 32 lets grad_W's bf16 bytes
+  // hold one 40 x 512 block of codes.
+  for (const char* tile : {"8x256", "8x16"}) {
+    SCOPED_TRACE(std::string("tile ") + tile);
+    setenv("FLCE_CUDA_TILE", tile, 1);
+    setenv("FLCE_CUDA_BLOCK", "16x512", 1);
+    setenv("FLCE_CUDA_FUSED", std::string(tile) == "8x16" ? "0" : "1", 1);
+#ifdef FLCE_HAVE_CUDA
+    EXPECT_EQ(flce::cuda::make_plan(step_shapes(40, 32, 1100, Dtype::bf16), Pass::loss_and_grad)
+                  .stash_cols,
+              512);
+#endif
+    check_all_passes(head(40, 32, 1100, 15).stored_as(Dtype::bf16)
+                         .grad_logits(GradLogitsDtype::storage).gradients_as(Dtype::bf16)
+                         .with_bias().label_smoothing(0.1).logit_magnitude(6));
+    unsetenv("FLCE_CUDA_FUSED");
+  }
 }
 
 TEST_F(CudaGpu, StashedScoresKeepNonFiniteMeaningsAndTheirBytes) {
