@@ -588,10 +588,10 @@ TEST_F(CudaGpu, FusedStatesAgreeWithTheOracle) {
   SKIP_WITHOUT_FUSED();
   // Tiles of 1000 and 300 classes (gemm_states' blocks end inside a
   // subtile) and the default; 4400 classes, two of gemm_dlogits' blocks
-  // of 2048 and one ending inside a subtile. With 300-class tiles G's rows
-  // (whole tiles: 2100 or 4500 classes) are not a multiple of 8 wide, so G
-  // goes out by direct stores; with the others by TMA stores (epilogues.cuh,
-  // Dlogits).
+  // of 2048 and one ending inside a subtile. With 300-class tiles the
+  // 2000- and 4400-class cases' G rows (whole tiles: 2100 and 4500 classes)
+  // are not a multiple of 8 wide, so their 16-bit G goes out by direct
+  // stores; elsewhere by TMA stores (epilogues.cuh, Dlogits).
   for (const char* tile : {"100x1000", "64x300", "4096x4096"}) {
     setenv("FLCE_CUDA_TILE", tile, 1);
     for (Dtype dtype : {Dtype::bf16, Dtype::f16}) {

@@ -240,7 +240,8 @@ bool stash_decodes_by_block(const Plan& plan) {
   return plan.tile_cols % plan.stash_ref_cols == 0 && plan.stash_ref_cols % 8 == 0;
 }
 
-// G for rows b0 .. b0+brows, classes j0 .. j0+cols, tile by tile.
+// G for rows b0 .. b0+brows, classes j0 .. j0+cols: the fused kernel's
+// one launch, a stashed block's decode in one launch, or tile by tile.
 std::string gradient_block(const Context& c, int64_t b0, int64_t brows, int64_t j0, int64_t cols) {
   const Plan& plan = c.plan;
   const size_t g_size = dtype_size(plan.grad_gemm);

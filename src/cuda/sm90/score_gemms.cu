@@ -58,8 +58,8 @@ std::string tensor_map(const Tensor& t, int64_t rows, uint32_t box_rows, CUtenso
 namespace {
 
 // Classes per block in gemm_dlogits. A gradient block is only a few score
-// tiles wide (3 at the Gemma-2 head), so blocks of a whole tile's classes
-// made 192 blocks there: one full wave of 132 SMs and one 45% full. 2048
+// tiles wide (it was 3 tiles of 4096 at the Gemma-2 head), so blocks of a
+// whole tile's classes made 192 blocks there: one full wave of 132 SMs and one 45% full. 2048
 // makes 384 (2.9 waves) there and 384 at H = 1024. Steps on an H100
 // (bench/cuda_bench.py, shuffled rounds, ms at Gemma-2 / Llama-3 / H = 1024):
 // 512: 67.2 / 50.2 / 32.3, 1024: 65.3 / 50.1 / 31.0, 2048: 65.3 / 50.7 /
