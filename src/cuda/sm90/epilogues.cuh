@@ -13,6 +13,7 @@
 #include "cuda/softmax_state.cuh"
 #include "cuda/sm90/gemm_rows.cuh"
 #include "cuda/sm90/score_gemms.h"
+#include "cuda/sm90/staged_store.cuh"
 
 namespace flce::cuda::sm90 {
 
@@ -84,13 +85,18 @@ struct StoreF32 {
 
 // Softmax states (gemm_states). The flags compile out what a call does not
 // need, as tile_states_kernel's do.
+// With kStash and `stash_tma` set, the codes go out through shared memory
+// and the TMA (staged_store.cuh) by stash_map: [blocks, rows, block_cols]
+// over stash.codes, which needs whole blocks and whole 256-class subtiles.
 template <bool kSbar, bool kSumCs, bool kSoftcap, bool kRaw, bool kArgmax, bool kStash>
 struct States {
-  static constexpr uint32_t kStagingBytes = 0;
+  static constexpr uint32_t kStagingBytes = kStash ? kStagingBytesPerConsumer : 0;
   LossArgs g;
   TileState* states;
   int64_t state_r0, tiles, t0;
   StashOut stash;
+  bool stash_tma = false;
+  CUtensorMap stash_map;  // 64-byte aligned, in the kernel's parameters
 
   // One row's running state over the chunk (columns relative to its start).
   struct Row {
@@ -106,13 +112,17 @@ struct States {
     StashOut stash;
     int64_t state_r0, tiles, t, c_begin, row_end, v;
     int quad;
+    bool stash_tma;
+    const CUtensorMap* stash_map;
+    uint8_t* staging;
     Row rows[2];
 
     __device__ Thread(const States& e, const Grid& grid, int64_t row_a, int64_t c_begin,
-                      int64_t chunk, uint8_t*)
+                      int64_t chunk, uint8_t* staging)
         : q(e.g, 0), info(e.g.rows), states(e.states), stash(e.stash), state_r0(e.state_r0),
           tiles(e.tiles), t(e.t0 + chunk), c_begin(c_begin), row_end(grid.row_end), v(e.g.v),
-          quad(threadIdx.x % 4) {
+          quad(threadIdx.x % 4), stash_tma(kStash && e.stash_tma), stash_map(&e.stash_map),
+          staging(staging) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int64_t i = row_a + 8 * h;
@@ -143,6 +153,7 @@ struct States {
     __device__ void stash_subtile(const float (&d)[128], int64_t n0, int limit) {
       const int64_t b = n0 / stash.block_cols, block_j0 = b * stash.block_cols;
       const int64_t block_cols = v - block_j0 < stash.block_cols ? v - block_j0 : stash.block_cols;
+      float refs[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         float m = -kInf;
@@ -150,7 +161,25 @@ struct States {
         for (int j = 0; j < 32; ++j) m = fmaxf(m, fmaxf(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]));
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));  // the row's four threads
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-        const float ref = shift_of(m);
+        refs[h] = shift_of(m);
+      }
+      if (stash_tma) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          if (quad == 0 && rows[h].i < row_end)
+            stash.refs[rows[h].i * stash.refs_ld + t * stash.refs_per_tile +
+                       (n0 - c_begin) / kCols] = refs[h];
+        store_subtile_staged<3>(staging, stash_map, int(n0 - block_j0),
+                                int(staged_first_row(rows[0].i)), int(b), [&](int j, int h) {
+                                  return uint32_t(stash_code(refs[h], d[4 * j + 2 * h])) |
+                                         uint32_t(stash_code(refs[h], d[4 * j + 2 * h + 1]))
+                                             << 16;
+                                });
+        return;
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float ref = refs[h];
         const int64_t i = rows[h].i;
         if (i >= row_end) continue;
         uint16_t* codes = stash.codes + b * stash.n * stash.block_cols + i * block_cols +
@@ -250,32 +279,23 @@ struct States {
           states[(row.i - state_r0) * tiles + t] =
               TileState{st.max, st.sum_exp, st.sum_exp_s, st.sum_cs, st.argmax, st.first_nan};
       }
+      if (stash_tma) finish_staged_stores();
     }
   };
 };
 
 // G (gemm_dlogits): each thread's two rows' G, per DlogitsRow (the formula
-// of kernels.cu's dlogits), stored as T at out[(i - r0) * ld + j - j0].
-// 16-bit G with `tma` set goes out through shared memory: each consumer
-// writes a [64 rows x 64 classes] box of its subtile (8 KiB, in the TMA's
-// 128-byte swizzle, so a warp's 4-byte writes hit 32 banks) and one thread
-// stores it with the TMA, two boxes in flight. Direct stores from the
-// wgmma layout write 16 bytes in each of 8 rows per instruction: at
-// H = 1024 on an H200 this kernel took 9.0 ms with them and 7.0 without any
-// store; staged, 8.2 (9.2 in the same run before). Else adjacent column
-// pairs in one store where aligned.
+// of kernels.cu's dlogits), stored as T at out[(i - r0) * ld + j - j0]:
+// 16-bit G with `tma` set through shared memory and the TMA
+// (staged_store.cuh), else adjacent column pairs in one store where aligned.
 template <typename T, int kRound, DlogitsForm kForm>
 struct Dlogits {
   static constexpr bool kStaged = sizeof(T) == 2;
-  static constexpr int kBox = 64;                          // rows and classes of a staged box
-  static constexpr uint32_t kBoxBytes = kBox * kBox * 2;   // 8 KiB
-  static constexpr int kBuffers = 2;  // boxes in flight per consumer: all 4 of a subtile (with a
-                                      // stage less) measured slower, waiting or not
-  static constexpr uint32_t kStagingBytes = kStaged ? kBuffers * kBoxBytes : 0;
+  static constexpr uint32_t kStagingBytes = kStaged ? kStagingBytesPerConsumer : 0;
   LossArgs g;
   T* out;
   int64_t ld, r0, j0;
-  bool tma = false;   // g_map describes out: [rows, cols] boxes of kBox x kBox, 128-byte swizzle
+  bool tma = false;   // g_map describes out: [rows, cols], staged boxes, 128-byte swizzle
   CUtensorMap g_map;  // 64-byte aligned, in the kernel's parameters
 
   struct Thread {
@@ -342,35 +362,13 @@ struct Dlogits {
     }
 
     // The consumer's [64 x 256] subtile of G (rows past row_end hold
-    // garbage) through its two box buffers; the TMA skips what lies outside
-    // g_map's [rows, cols], so `limit` needs no test here.
+    // garbage; the TMA stores only g_map's [rows, cols]).
     __device__ void store_staged(const float (&d)[128], int64_t n0) {
       if constexpr (kStaged) {
-        const int tid = threadIdx.x % 128, barrier_id = threadIdx.x / 128;  // consumers: 1, 2
-        const int r = 16 * (tid / 32) + (tid % 32) / 4;  // the thread's first row in the box
-        const int64_t box_row = row_a - r - r0;
-#pragma unroll
-        for (int b = 0; b < kCols / kBox; ++b) {
-          uint8_t* box = staging + (b % kBuffers) * kBoxBytes;
-          if (tid == 0) bulk_wait_read<kBuffers - 1>();  // this buffer's previous store has read it
-          named_barrier(barrier_id, 128);
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            uint8_t* row = box + (r + 8 * h) * 128;
-#pragma unroll
-            for (int c = 0; c < 8; ++c) {  // 16-byte chunk c of the row, swizzled by row % 8
-              const int j = 8 * b + c;
-              *reinterpret_cast<uint32_t*>(row + ((c ^ (r & 7)) << 4) + 4 * quad) =
-                  pair_bits(out, d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
-            }
-          }
-          fence_shared_for_tma();
-          named_barrier(barrier_id, 128);
-          if (tid == 0) {
-            tma_store_2d(map, box, int(n0 - j0) + kBox * b, int(box_row));
-            bulk_commit();
-          }
-        }
+        store_subtile_staged<2>(staging, map, int(n0 - j0), int(staged_first_row(row_a) - r0), 0,
+                                [&](int j, int h) {
+                                  return pair_bits(out, d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+                                });
       }
     }
 
@@ -407,9 +405,8 @@ struct Dlogits {
         }
       }
     }
-    // The TMA has written every box before the block ends.
     __device__ void end() {
-      if (tma && threadIdx.x % 128 == 0) bulk_wait_all();
+      if (tma) finish_staged_stores();
     }
   };
 };

@@ -154,6 +154,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 // read in [box_rows x 64] boxes (score_gemms.cu).
 std::string tensor_map(const Tensor& t, int64_t rows, uint32_t box_rows, CUtensorMap* map);
 
+// The TMA map of the stash codes a gemm_states launch writes, [blocks, rows
+// up to grid.row_end, block_cols] in staged boxes, and *fits = true; or
+// *fits = false where the staged stores cannot serve it (a narrower last
+// block, tiles that are not whole 256-class subtiles, unaligned codes).
+std::string stash_codes_map(const Grid& grid, const StashOut& stash, bool* fits, CUtensorMap* map);
+
 template <bool kHalf, class Epilogue>
 std::string launch(const Tensor& x, const Tensor& w, const Grid& grid, const Epilogue& epi,
                    cudaStream_t stream) {

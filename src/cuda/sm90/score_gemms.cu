@@ -55,6 +55,29 @@ std::string tensor_map(const Tensor& t, int64_t rows, uint32_t box_rows, CUtenso
                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, map);
 }
 
+std::string stash_codes_map(const Grid& grid, const StashOut& stash, bool* fits, CUtensorMap* map) {
+  const int64_t C = stash.block_cols;
+  // Whole blocks from class 0 (the launch's classes [col0, v) are blocks
+  // [col0 / C, v / C)), whole subtiles in every tile, 16-byte rows.
+  *fits = C % 8 == 0 && grid.col0 % C == 0 && grid.v % C == 0 && grid.chunk % kCols == 0 &&
+          reinterpret_cast<uintptr_t>(stash.codes) % 16 == 0;
+  if (!*fits) return "";
+  const auto encode = tensor_map_encoder();
+  if (encode == nullptr) return "the CUDA driver has no cuTensorMapEncodeTiled";
+  const cuuint64_t dims[3] = {cuuint64_t(C), cuuint64_t(grid.row_end), cuuint64_t(grid.v / C)};
+  const cuuint64_t strides[2] = {cuuint64_t(C) * 2, cuuint64_t(stash.n * C) * 2};
+  const cuuint32_t box[3] = {kStagedBox, kStagedBox, 1};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, stash.codes, dims, strides,
+                            box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return "the stash codes' TMA map: cuTensorMapEncodeTiled failed (CUresult " +
+           std::to_string(r) + ")";
+  return "";
+}
+
 namespace {
 
 // Classes per block in gemm_dlogits. A gradient block is only a few score
@@ -79,8 +102,7 @@ std::string launch_dlogits_form(const LossArgs& args, const Tensor& x, const Ten
   Dlogits<T, kRound, kForm> e{args, static_cast<T*>(g), g_ld, r0, j0};
   e.tma = e.kStaged && reinterpret_cast<uintptr_t>(g) % 16 == 0 && g_ld % 8 == 0;
   if (e.tma) {
-    using D = decltype(e);
-    if (auto err = map_16bit(g, g_dtype, grid.row_end - r0, grid.v - j0, g_ld, D::kBox, D::kBox,
+    if (auto err = map_16bit(g, g_dtype, grid.row_end - r0, grid.v - j0, g_ld, kStagedBox, kStagedBox,
                              CU_TENSOR_MAP_L2_PROMOTION_NONE, &e.g_map);
         !err.empty())
       return "G's TMA map: " + err;

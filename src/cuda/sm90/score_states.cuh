@@ -20,8 +20,9 @@ std::string launch_states(const LossArgs& args, const Tensor& x, const Tensor& w
     return launch_for(x, w, grid, epi, stream);
   }
   if (x.dtype != Dtype::bf16) return "gemm_states: a stash needs bf16 storage";
-  const States<kSbar, kSumCs, kSoftcap, kRaw, kArgmax, true> epi{args, states, state_r0,
-                                                                 tiles, t0,     stash};
+  States<kSbar, kSumCs, kSoftcap, kRaw, kArgmax, true> epi{args, states, state_r0,
+                                                           tiles, t0,     stash};
+  if (auto e = stash_codes_map(grid, stash, &epi.stash_tma, &epi.stash_map); !e.empty()) return e;
   return launch<false>(x, w, grid, epi, stream);
 }
 

@@ -70,6 +70,13 @@ inline __device__ void tma_store_2d(const void* map, const void* src, int c0, in
       "r"(shared_address(src)), "r"(c0), "r"(c1)
       : "memory");
 }
+inline __device__ void tma_store_3d(const void* map, const void* src, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(shared_address(src)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
 inline __device__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 // Until at most kPending of this thread's bulk groups are still reading
 // their shared memory (the buffer of older ones may be rewritten).
