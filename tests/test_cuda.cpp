@@ -427,8 +427,10 @@ TEST_F(CudaGpu, StashedScoresAgreeWithTheOracle) {
                        .with_grad_entropy());
   // Tiles of whole 256-class ref groups (the fused kernel's) and cuBLAS's
   // tiles of 16: a stashed block is decoded in one launch across its tiles
-  // (passes.cpp, stash_decodes_by_block). H = 32 lets grad_W's bf16 bytes
-  // hold one 40 x 512 block of codes.
+  // (passes.cpp, stash_decodes_by_block), and fused, pass 1 writes the
+  // codes through shared memory and the TMA (gemm_rows.cuh,
+  // stash_codes_map). H = 32 lets grad_W's bf16 bytes hold one 40 x 512
+  // block of codes.
   for (const char* tile : {"8x256", "8x16"}) {
     SCOPED_TRACE(std::string("tile ") + tile);
     setenv("FLCE_CUDA_TILE", tile, 1);
