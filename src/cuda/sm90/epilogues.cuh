@@ -163,23 +163,23 @@ struct States {
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
         refs[h] = shift_of(m);
       }
-      if (stash_tma) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
-          if (quad == 0 && rows[h].i < row_end)
-            stash.refs[rows[h].i * stash.refs_ld + t * stash.refs_per_tile +
-                       (n0 - c_begin) / kCols] = refs[h];
+      for (int h = 0; h < 2; ++h)
+        if (quad == 0 && rows[h].i < row_end)
+          stash.refs[rows[h].i * stash.refs_ld + t * stash.refs_per_tile +
+                     (n0 - c_begin) / kCols] = refs[h];
+      // Row h's codes of columns 8 j + 2 quad, +1 as one 4-byte pair.
+      const auto code_pair = [&](int j, int h) {
+        return uint32_t(stash_code(refs[h], d[4 * j + 2 * h])) |
+               uint32_t(stash_code(refs[h], d[4 * j + 2 * h + 1])) << 16;
+      };
+      if (stash_tma) {
         store_subtile_staged<3>(staging, stash_map, int(n0 - block_j0),
-                                int(staged_first_row(rows[0].i)), int(b), [&](int j, int h) {
-                                  return uint32_t(stash_code(refs[h], d[4 * j + 2 * h])) |
-                                         uint32_t(stash_code(refs[h], d[4 * j + 2 * h + 1]))
-                                             << 16;
-                                });
+                                int(staged_first_row(rows[0].i)), int(b), code_pair);
         return;
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const float ref = refs[h];
         const int64_t i = rows[h].i;
         if (i >= row_end) continue;
         uint16_t* codes = stash.codes + b * stash.n * stash.block_cols + i * block_cols +
@@ -188,20 +188,16 @@ struct States {
         if (pairs) {
           uint32_t packed[32];
 #pragma unroll
-          for (int j = 0; j < 32; ++j)
-            packed[j] = uint32_t(stash_code(ref, d[4 * j + 2 * h])) |
-                        uint32_t(stash_code(ref, d[4 * j + 2 * h + 1])) << 16;
+          for (int j = 0; j < 32; ++j) packed[j] = code_pair(j, h);
           store_packed_pairs(codes, quad, packed);
         } else {
 #pragma unroll
           for (int j = 0; j < 32; ++j) {
             const int col = 8 * j + 2 * quad;
-            if (col < limit) codes[col] = stash_code(ref, d[4 * j + 2 * h]);
-            if (col + 1 < limit) codes[col + 1] = stash_code(ref, d[4 * j + 2 * h + 1]);
+            if (col < limit) codes[col] = stash_code(refs[h], d[4 * j + 2 * h]);
+            if (col + 1 < limit) codes[col + 1] = stash_code(refs[h], d[4 * j + 2 * h + 1]);
           }
         }
-        if (quad == 0)
-          stash.refs[i * stash.refs_ld + t * stash.refs_per_tile + (n0 - c_begin) / kCols] = ref;
       }
     }
 

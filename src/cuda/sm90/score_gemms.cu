@@ -27,25 +27,34 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
-// The TMA map of a row-major [rows, cols] matrix of 16-bit values (row
-// stride ld elements) in [box_rows x box_cols] boxes with the 128-byte
-// swizzle (box_cols = 64: one swizzle row).
-std::string map_16bit(void* data, Dtype dtype, int64_t rows, int64_t cols, int64_t ld,
-                      uint32_t box_rows, uint32_t box_cols, CUtensorMapL2promotion promotion,
-                      CUtensorMap* map) {
+// A TMA map of 16-bit elements (`rank` <= 3 dimensions, innermost first; byte
+// strides of the outer ones) in boxes of `box`, with the 128-byte swizzle.
+std::string encode_map(CUtensorMapDataType type, void* data, cuuint32_t rank,
+                       const cuuint64_t* dims, const cuuint64_t* byte_strides,
+                       const cuuint32_t* box, CUtensorMapL2promotion promotion, CUtensorMap* map) {
   const auto encode = tensor_map_encoder();
   if (encode == nullptr) return "the CUDA driver has no cuTensorMapEncodeTiled";
-  const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
-  const cuuint64_t strides[1] = {cuuint64_t(ld) * 2};
-  const cuuint32_t box[2] = {box_cols, box_rows};
-  const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult r = encode(
-      map, dtype == Dtype::f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-      2, data, dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-      CU_TENSOR_MAP_SWIZZLE_128B, promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const CUresult r = encode(map, type, rank, data, dims, byte_strides, box, element_strides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promotion,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
     return "cuTensorMapEncodeTiled failed (CUresult " + std::to_string(r) + ")";
   return "";
+}
+
+// The TMA map of a row-major [rows, cols] matrix of bf16 or f16 values (row
+// stride ld elements) in [box_rows x box_cols] boxes (box_cols = 64: one
+// swizzle row).
+std::string map_16bit(void* data, Dtype dtype, int64_t rows, int64_t cols, int64_t ld,
+                      uint32_t box_rows, uint32_t box_cols, CUtensorMapL2promotion promotion,
+                      CUtensorMap* map) {
+  const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(ld) * 2};
+  const cuuint32_t box[2] = {box_cols, box_rows};
+  return encode_map(
+      dtype == Dtype::f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+      data, 2, dims, strides, box, promotion, map);
 }
 
 }  // namespace
@@ -62,19 +71,13 @@ std::string stash_codes_map(const Grid& grid, const StashOut& stash, bool* fits,
   *fits = C % 8 == 0 && grid.col0 % C == 0 && grid.v % C == 0 && grid.chunk % kCols == 0 &&
           reinterpret_cast<uintptr_t>(stash.codes) % 16 == 0;
   if (!*fits) return "";
-  const auto encode = tensor_map_encoder();
-  if (encode == nullptr) return "the CUDA driver has no cuTensorMapEncodeTiled";
   const cuuint64_t dims[3] = {cuuint64_t(C), cuuint64_t(grid.row_end), cuuint64_t(grid.v / C)};
   const cuuint64_t strides[2] = {cuuint64_t(C) * 2, cuuint64_t(stash.n * C) * 2};
   const cuuint32_t box[3] = {kStagedBox, kStagedBox, 1};
-  const cuuint32_t element_strides[3] = {1, 1, 1};
-  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, stash.codes, dims, strides,
-                            box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE,
-                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    return "the stash codes' TMA map: cuTensorMapEncodeTiled failed (CUresult " +
-           std::to_string(r) + ")";
+  if (auto e = encode_map(CU_TENSOR_MAP_DATA_TYPE_UINT16, stash.codes, 3, dims, strides, box,
+                          CU_TENSOR_MAP_L2_PROMOTION_NONE, map);
+      !e.empty())
+    return "the stash codes' TMA map: " + e;
   return "";
 }
 

@@ -27,6 +27,12 @@ constexpr uint32_t kStagedBoxBytes = kStagedBox * kStagedBox * 2;  // 8 KiB
 // barriers (slower).
 constexpr uint32_t kStagingBytesPerConsumer = 2 * kStagedBoxBytes;
 
+// A consumer thread's first row among its warpgroup's 64 (wgmma's layout).
+inline __device__ int consumer_row() {
+  const int tid = threadIdx.x % 128;
+  return 16 * (tid / 32) + (tid % 32) / 4;
+}
+
 // The consumer's subtile: pair(j, h) is this thread's 32-bit pair of its
 // row h at columns 8 j + 2 (lane % 4), +1 (the accumulator layout,
 // epilogues.cuh), for j < 32. Box b (columns 64 b ..) goes to coordinates
@@ -38,7 +44,7 @@ __device__ void store_subtile_staged(uint8_t* staging, const CUtensorMap* map, i
                                      int plane, const Pair& pair) {
   static_assert(kDims == 2 || kDims == 3, "2D or 3D maps");
   const int tid = threadIdx.x % 128, barrier_id = threadIdx.x / 128;  // consumers: 1, 2
-  const int quad = tid % 4, r = 16 * (tid / 32) + (tid % 32) / 4;    // the thread's first row
+  const int quad = tid % 4, r = consumer_row();
 #pragma unroll
   for (int b = 0; b < 4; ++b) {
     uint8_t* box = staging + (b % 2) * kStagedBoxBytes;
@@ -63,8 +69,7 @@ __device__ void store_subtile_staged(uint8_t* staging, const CUtensorMap* map, i
 
 // The consumer's first row in its subtile's boxes, from a thread's first row.
 inline __device__ int64_t staged_first_row(int64_t thread_row) {
-  const int tid = threadIdx.x % 128;
-  return thread_row - (16 * (tid / 32) + (tid % 32) / 4);
+  return thread_row - consumer_row();
 }
 
 // Before the block ends: every box written.
