@@ -334,14 +334,24 @@ TEST(CudaPlan, StashesWholeBlocksThatFitInGradWOnlyForBf16Dlogits) {
   const auto plan = [](const flce::Problem& p, Pass pass = Pass::loss_and_grad) {
     return flce::cuda::make_plan(p, pass);
   };
-  // Gemma-2 and Llama-3 heads: blocks of 8192 x 12288; five blocks' codes
-  // (5 x 192 MiB) fit in grad_W (1125 and 1002 MiB), a sixth does not.
+  // Gemma-2 and Llama-3 heads: blocks of 8192 x 12288 (192 MiB of G or of
+  // codes) in tiles of 4096 (no GPU: cuBLAS's tiles). Block 0's codes are
+  // the gradient block; from the end of block 0's grad_W rows (54 and 96
+  // MiB), grad_W (1125 and 1002 MiB) holds five or four more blocks and
+  // whole tiles of the next: 6 blocks and 1 tile of 4096 at Gemma-2, 5 and
+  // 2 at Llama-3. Codes from grad_W's start would hold 5 blocks + 2 tiles
+  // and 5 blocks.
   const flce::cuda::Plan gemma = plan(step_shapes(8192, 2304, 256000));
   EXPECT_EQ(gemma.block_cols, 12288);
-  EXPECT_EQ(gemma.stash_cols, 5 * 12288);
-  EXPECT_EQ(gemma.stash_tiles, 15);
-  EXPECT_EQ(plan(step_shapes(8192, 4096, 128256)).stash_cols, 5 * 12288);
-  EXPECT_EQ(plan(step_shapes(16384, 1024, 128256)).stash_cols, 4096);  // blocks of 16384 x 4096
+  EXPECT_EQ(gemma.stash_cols, 6 * 12288 + 4096);
+  EXPECT_EQ(gemma.stash_tiles, 19);
+  EXPECT_TRUE(gemma.stash_in_g);
+  EXPECT_EQ(gemma.stash_base, 12288 * 2304 * 2);
+  EXPECT_EQ(gemma.stash_width(6 * 12288), 4096);
+  EXPECT_EQ(gemma.stash_width(7 * 12288), 0);
+  EXPECT_EQ(plan(step_shapes(8192, 4096, 128256)).stash_cols, 5 * 12288 + 2 * 4096);
+  // Blocks of 16384 x 4096: block 0 in the gradient block, block 1 in grad_W.
+  EXPECT_EQ(plan(step_shapes(16384, 1024, 128256)).stash_cols, 2 * 4096);
   // One block holding all of V (300 x 12288 ... capped at V): its codes, 2 N V
   // bytes, need H |dtype| >= 2 N; and H |dtype| <= 2 N keeps them safe.
   EXPECT_EQ(plan(step_shapes(300, 300, 5000)).stash_cols, 5000);
@@ -355,7 +365,7 @@ TEST(CudaPlan, StashesWholeBlocksThatFitInGradWOnlyForBf16Dlogits) {
   flce::Problem with_entropy = llama;
   static const float none = 0;
   with_entropy.grad_entropy = flce::vector_view(&none, Dtype::f32, 8192);
-  EXPECT_EQ(plan(with_entropy, Pass::backward).stash_cols, 5 * 12288);
+  EXPECT_EQ(plan(with_entropy, Pass::backward).stash_cols, 5 * 12288 + 2 * 4096);
   flce::Problem f32_dlogits = llama;
   f32_dlogits.options.grad_logits_dtype = GradLogitsDtype::f32;
   EXPECT_EQ(plan(f32_dlogits).stash_cols, 0);
@@ -376,7 +386,11 @@ TEST(CudaPlan, StashesWholeBlocksThatFitInGradWOnlyForBf16Dlogits) {
   // f32 grad_W written in place by each of several row blocks.
   setenv("FLCE_CUDA_BLOCK", "4096x12288", 1);
   EXPECT_EQ(plan(step_shapes(8192, 4096, 128256, Dtype::f32)).stash_cols, 0);
-  EXPECT_EQ(plan(llama).stash_cols, 5 * 12288);  // the bf16 one goes through the block accumulator
+  // The bf16 one goes through the block accumulator; with several row
+  // blocks the gradient block cannot hold a block's codes, and grad_W holds
+  // 5 blocks' from its start (and 44 MB more: less than a tile's 64 MiB).
+  EXPECT_EQ(plan(llama).stash_cols, 5 * 12288);
+  EXPECT_FALSE(plan(llama).stash_in_g);
   unsetenv("FLCE_CUDA_BLOCK");
   setenv("FLCE_CUDA_STASH", "0", 1);
   EXPECT_EQ(plan(llama).stash_cols, 0);
@@ -389,8 +403,10 @@ TEST(CudaPlan, StashesWholeBlocksThatFitInGradWOnlyForBf16Dlogits) {
 
 // Small problems whose first blocks are stashed (the plan test above has
 // the rule): N = 40, H = 16, V = 150 in tiles of 8 x 16 and blocks of 16 x
-// 32, so grad_W's 4800 bytes (bf16) hold block 0's codes (2560 bytes); with
-// one row block (48 x 32) an f32 grad_W holds three blocks'.
+// 32, so grad_W's 4800 bytes (bf16) hold block 0's codes (2560 bytes) and
+// one tile of block 1's; with one row block (48 x 32) block 0's codes are
+// the gradient block and grad_W holds block 1's, and an f32 grad_W holds
+// three blocks' and a tile from its start.
 //
 // The classes a step of these shapes stashes under the current env.
 int64_t stash_cols(Dtype grads) {
@@ -410,8 +426,9 @@ TEST_F(CudaGpu, StashedScoresAgreeWithTheOracle) {
       SCOPED_TRACE(std::string("block ") + block + ", grads " + flce::dtype_name(grads));
       setenv("FLCE_CUDA_BLOCK", block, 1);
       // f32 grad_W in place with several row blocks: recomputed (the control).
-      const bool control = grads == Dtype::f32 && std::string(block) == "16x32";
-      EXPECT_EQ(stash_cols(grads), control ? 0 : grads == Dtype::f32 ? 96 : 32);
+      const bool rows_split = std::string(block) == "16x32";
+      const bool control = grads == Dtype::f32 && rows_split;
+      EXPECT_EQ(stash_cols(grads), control ? 0 : grads == Dtype::f32 ? 112 : rows_split ? 48 : 64);
       check_all_passes(stashed(11).gradients_as(grads).with_bias().softcap(4).logit_scale(0.8)
                            .label_smoothing(0.1).with_class_weights().z_loss(1e-3)
                            .with_token_weights().with_grad_lse().with_grad_entropy()
@@ -429,30 +446,38 @@ TEST_F(CudaGpu, StashedScoresAgreeWithTheOracle) {
   // tiles of 16: a stashed block is decoded in one launch across its tiles
   // (passes.cpp, stash_decodes_by_block), and fused, pass 1 writes the
   // codes through shared memory and the TMA (gemm_rows.cuh,
-  // stash_codes_map). H = 32 lets grad_W's bf16 bytes hold one 40 x 512
-  // block of codes.
-  for (const char* tile : {"8x256", "8x16"}) {
-    SCOPED_TRACE(std::string("tile ") + tile);
-    setenv("FLCE_CUDA_TILE", tile, 1);
-    setenv("FLCE_CUDA_BLOCK", "16x512", 1);
-    setenv("FLCE_CUDA_FUSED", std::string(tile) == "8x16" ? "0" : "1", 1);
+  // stash_codes_map). With blocks of 16 x 512, H = 32 lets grad_W's bf16
+  // bytes hold one 40 x 512 block of codes and 256 or 368 classes of the
+  // next (a block stashed in part: its codes by direct stores, its other
+  // classes from the fused kernel). With one row block and H = 16, block
+  // 0's codes are the gradient block, decoded in place, and grad_W holds
+  // 224 classes of block 1's in tiles of 16, none in tiles of 256.
+  struct Stashed { const char* block; int64_t h, stashed_cols; };
+  for (const char* tile : {"8x256", "8x16"})
+    for (Stashed st : {Stashed{"16x512", 32, std::string(tile) == "8x16" ? 880 : 768},
+                       Stashed{"48x512", 16, std::string(tile) == "8x16" ? 736 : 512}}) {
+      SCOPED_TRACE(std::string("tile ") + tile + ", block " + st.block);
+      setenv("FLCE_CUDA_TILE", tile, 1);
+      setenv("FLCE_CUDA_BLOCK", st.block, 1);
+      setenv("FLCE_CUDA_FUSED", std::string(tile) == "8x16" ? "0" : "1", 1);
 #ifdef FLCE_HAVE_CUDA
-    EXPECT_EQ(flce::cuda::make_plan(step_shapes(40, 32, 1100, Dtype::bf16), Pass::loss_and_grad)
-                  .stash_cols,
-              512);
+      const flce::cuda::Plan plan =
+          flce::cuda::make_plan(step_shapes(40, st.h, 1100, Dtype::bf16), Pass::loss_and_grad);
+      EXPECT_EQ(plan.stash_cols, st.stashed_cols);
+      EXPECT_EQ(plan.stash_in_g, st.h == 16);
 #endif
-    check_all_passes(head(40, 32, 1100, 15).stored_as(Dtype::bf16)
-                         .grad_logits(GradLogitsDtype::storage).gradients_as(Dtype::bf16)
-                         .with_bias().label_smoothing(0.1).logit_magnitude(6));
-    unsetenv("FLCE_CUDA_FUSED");
-  }
+      check_all_passes(head(40, st.h, 1100, 15).stored_as(Dtype::bf16)
+                           .grad_logits(GradLogitsDtype::storage).gradients_as(Dtype::bf16)
+                           .with_bias().label_smoothing(0.1).logit_magnitude(6));
+      unsetenv("FLCE_CUDA_FUSED");
+    }
 }
 
 TEST_F(CudaGpu, StashedScoresKeepNonFiniteMeaningsAndTheirBytes) {
   constexpr double kInf = std::numeric_limits<double>::infinity();
   for (double bad : {std::numeric_limits<double>::quiet_NaN(), kInf, -kInf}) {
     SCOPED_TRACE("value " + std::to_string(bad));
-    ASSERT_EQ(stash_cols(Dtype::bf16), 32);
+    ASSERT_EQ(stash_cols(Dtype::bf16), 48);
     const Case c = head(40, 16, 150).stored_as(Dtype::bf16).grad_logits(GradLogitsDtype::storage)
                        .gradients_as(Dtype::bf16).reduction(Reduction::none).label_smoothing(0.1);
     DenseProblem d = c.problem();

@@ -45,15 +45,15 @@ std::string load_scores(const Context& c, int64_t r0, int64_t rows, int64_t j0, 
 }
 
 // The stash of the score tile at rows r0.., classes j0.. (plan.h): codes in
-// grad_W's memory, block by block, and one ref per (row, stashed tile).
+// the gradient block or grad_W, block by block, and one ref per (row,
+// stashed tile).
 Stash stash_at(const Context& c, int64_t r0, int64_t j0) {
   const Plan& plan = c.plan;
-  const int64_t N = plan.d.n, C = plan.block_cols;
-  const int64_t b = j0 / C, block_j0 = b * C, block_cols = std::min(C, plan.d.v - block_j0);
+  const int64_t b = j0 / plan.block_cols, block_j0 = b * plan.block_cols;
+  const int64_t width = plan.stash_width(block_j0);
   Stash st;
-  st.codes = static_cast<uint16_t*>(c.p.grad_w.data) + b * N * C + r0 * block_cols +
-             (j0 - block_j0);
-  st.codes_ld = block_cols;
+  st.codes = stash_codes(plan, c.p, c.ws, b) + r0 * width + (j0 - block_j0);
+  st.codes_ld = width;
   st.refs = c.ws.stash_refs + r0 * plan.stash_refs +
             j0 / plan.tile_cols * plan.stash_refs_per_tile;
   st.refs_ld = plan.stash_refs;
@@ -62,17 +62,27 @@ Stash stash_at(const Context& c, int64_t r0, int64_t j0) {
 }
 
 // Pass 1 for rows s0 .. s0+srows on the sm90 kernel: the stashed tiles
-// (writing their codes), then the rest.
+// (writing their codes), then the rest. The stashed tiles go in one launch
+// per run of blocks whose codes are one array (plan.h): block 0 when it is
+// in the gradient block, the whole blocks in grad_W, a block stashed in part.
 std::string fused_states(const Context& c, int64_t s0, int64_t srows) {
   const Plan& plan = c.plan;
-  sm90::StashOut stash;
-  stash.codes = static_cast<uint16_t*>(c.p.grad_w.data);
-  stash.refs = c.ws.stash_refs;
-  stash.n = plan.d.n, stash.block_cols = plan.block_cols;
-  stash.refs_ld = plan.stash_refs, stash.refs_per_tile = plan.stash_refs_per_tile;
-  if (plan.stash_tiles > 0)
-    FLCE_TRY(sm90::gemm_states(c.args, c.p.x, c.p.w, s0, srows, 0, plan.stash_tiles,
-                               plan.tile_cols, plan.tiles, s0, c.ws.states, stash, c.stream));
+  const int64_t C = plan.block_cols, T = plan.tile_cols;
+  for (int64_t b = 0; b * C < plan.stash_cols;) {
+    int64_t end = b + 1;  // blocks [b, end) in this launch
+    if (!(plan.stash_in_g && b == 0))
+      while (end * C < plan.stash_cols && plan.stash_width(end * C) == plan.stash_width(b * C))
+        ++end;
+    sm90::StashOut stash;
+    stash.codes = stash_codes(plan, c.p, c.ws, b);
+    stash.refs = c.ws.stash_refs;
+    stash.n = plan.d.n, stash.block_cols = C, stash.first_block = b, stash.end = plan.stash_cols;
+    stash.refs_ld = plan.stash_refs, stash.refs_per_tile = plan.stash_refs_per_tile;
+    const int64_t t0 = b * C / T, t1 = std::min(plan.stash_tiles, end * C / T);
+    FLCE_TRY(sm90::gemm_states(c.args, c.p.x, c.p.w, s0, srows, t0, t1, T, plan.tiles, s0,
+                               c.ws.states, stash, c.stream));
+    b = end;
+  }
   if (plan.stash_tiles < plan.tiles)
     FLCE_TRY(sm90::gemm_states(c.args, c.p.x, c.p.w, s0, srows, plan.stash_tiles, plan.tiles,
                                plan.tile_cols, plan.tiles, s0, c.ws.states, sm90::StashOut{},
@@ -240,36 +250,53 @@ bool stash_decodes_by_block(const Plan& plan) {
   return plan.tile_cols % plan.stash_ref_cols == 0 && plan.stash_ref_cols % 8 == 0;
 }
 
-// G for rows b0 .. b0+brows, classes j0 .. j0+cols: the fused kernel's
-// one launch, a stashed block's decode in one launch, or tile by tile.
+// G into the gradient block (whose column 0 is class block_j0) for rows
+// b0 .. b0+brows, classes j0 .. j1, tile by tile: decoded where stashed,
+// else from a score tile.
+std::string gradient_tiles(const Context& c, int64_t b0, int64_t brows, int64_t block_j0,
+                           int64_t j0, int64_t j1) {
+  const Plan& plan = c.plan;
+  const size_t g_size = dtype_size(plan.grad_gemm);
+  for (int64_t tj = j0; tj < j1; tj += plan.tile_cols) {
+    const int64_t tcols = std::min(plan.tile_cols, j1 - tj);
+    for (int64_t r0 = b0; r0 < b0 + brows; r0 += plan.tile_rows) {
+      const int64_t trows = std::min(plan.tile_rows, b0 + brows - r0);
+      ScoreTile tile;
+      if (plan.stashed(tj))  // pass 1 kept the scores: no GEMM
+        tile = ScoreTile{nullptr, 0, trows, tcols, r0, tj, stash_at(c, r0, tj)};
+      else
+        FLCE_TRY(load_scores(c, r0, trows, tj, tcols, &tile));
+      char* g = static_cast<char*>(c.ws.g) +
+                ((r0 - b0) * plan.block_cols + (tj - block_j0)) * int64_t(g_size);
+      dlogits(c.args, tile, g, plan.grad_gemm, plan.block_cols, DView{}, plan.round_to, c.stream);
+      FLCE_TRY(last_launch_error("dlogits"));
+    }
+  }
+  return "";
+}
+
+// G for rows b0 .. b0+brows, classes j0 .. j0+cols, into the gradient
+// block: the stashed classes (decoded; in place where the codes are the
+// gradient block), in one launch where the block's tiles hold whole ref
+// groups, then the rest, by the fused kernel's one launch or tile by tile.
 std::string gradient_block(const Context& c, int64_t b0, int64_t brows, int64_t j0, int64_t cols) {
   const Plan& plan = c.plan;
   const size_t g_size = dtype_size(plan.grad_gemm);
-  if (plan.fused && !plan.stashed(j0)) {  // one kernel, no score tiles (stashes are whole blocks)
-    FLCE_TRY(sm90::gemm_dlogits(c.args, c.p.x, c.p.w, b0, brows, j0, cols, c.ws.g,
-                                plan.grad_gemm, plan.block_cols, plan.round_to, c.stream));
-  } else if (plan.stashed(j0) && stash_decodes_by_block(plan)) {  // one launch for the block
-    const ScoreTile tile{nullptr, 0, brows, cols, b0, j0, stash_at(c, b0, j0)};
+  const int64_t stashed = plan.stash_width(j0);
+  if (stashed > 0 && stash_decodes_by_block(plan)) {
+    const ScoreTile tile{nullptr, 0, brows, stashed, b0, j0, stash_at(c, b0, j0)};
     dlogits(c.args, tile, c.ws.g, plan.grad_gemm, plan.block_cols, DView{}, plan.round_to,
             c.stream);
     FLCE_TRY(last_launch_error("dlogits"));
-  } else {
-    for (int64_t tj = j0; tj < j0 + cols; tj += plan.tile_cols) {
-      const int64_t tcols = std::min(plan.tile_cols, j0 + cols - tj);
-      for (int64_t r0 = b0; r0 < b0 + brows; r0 += plan.tile_rows) {
-        const int64_t trows = std::min(plan.tile_rows, b0 + brows - r0);
-        ScoreTile tile;
-        if (plan.stashed(tj))  // pass 1 kept the scores: no GEMM
-          tile = ScoreTile{nullptr, 0, trows, tcols, r0, tj, stash_at(c, r0, tj)};
-        else
-          FLCE_TRY(load_scores(c, r0, trows, tj, tcols, &tile));
-        char* g = static_cast<char*>(c.ws.g) +
-                  ((r0 - b0) * plan.block_cols + (tj - j0)) * int64_t(g_size);
-        dlogits(c.args, tile, g, plan.grad_gemm, plan.block_cols, DView{}, plan.round_to,
-                c.stream);
-        FLCE_TRY(last_launch_error("dlogits"));
-      }
-    }
+  } else if (stashed > 0) {
+    FLCE_TRY(gradient_tiles(c, b0, brows, j0, j0, j0 + stashed));
+  }
+  if (stashed < cols && plan.fused) {  // one kernel, no score tiles
+    void* g = static_cast<char*>(c.ws.g) + stashed * int64_t(g_size);
+    FLCE_TRY(sm90::gemm_dlogits(c.args, c.p.x, c.p.w, b0, brows, j0 + stashed, cols - stashed, g,
+                                plan.grad_gemm, plan.block_cols, plan.round_to, c.stream));
+  } else if (stashed < cols) {
+    FLCE_TRY(gradient_tiles(c, b0, brows, j0, j0 + stashed, j0 + cols));
   }
   if (c.ws.grad_b_acc) {
     column_sums(c.ws.g, plan.grad_gemm, plan.block_cols, brows, cols, c.ws.grad_b_acc + j0,

@@ -41,29 +41,54 @@ bool unit_columns(const Tensor& t) { return t.shape[1] == 1 || t.stride[1] == 1;
 
 const char* stash_env() { return std::getenv("FLCE_CUDA_STASH"); }
 
-// How many classes, from 0, pass 1 can stash in grad_W's memory (plan.h):
-// whole gradient blocks whose codes end within grad_W's bytes, when G is
-// rounded to bf16, grad_W is [V, H] with rows packed end to end, and no
-// grad_W write precedes a read of the codes under it.
-int64_t stashable_cols(const Problem& p, const Plan& plan) {
+// Where pass 1 stashes which classes (plan.h): stash_cols, stash_in_g and
+// stash_base, when G is rounded to bf16, grad_W is [V, H] with rows packed
+// end to end, and no grad_W write precedes a read of the codes under it.
+struct StashLayout {
+  int64_t cols = 0;
+  bool in_g = false;
+  int64_t base = 0;
+};
+
+// The classes from first_col whose codes fit in grad_W's `capacity` bytes
+// from byte `base`: whole blocks, then whole tiles of the next.
+int64_t classes_that_fit(const Plan& plan, int64_t first_col, int64_t base, int64_t capacity) {
+  const int64_t V = plan.d.v, C = plan.block_cols, class_bytes = 2 * plan.d.n;
+  int64_t cols = first_col;
+  for (int64_t at = base; cols < V; at += class_bytes * C) {
+    const int64_t width = std::min(C, V - cols);
+    if (at + class_bytes * width <= capacity) {
+      cols += width;
+      continue;
+    }
+    const int64_t part = std::max<int64_t>(0, capacity - at) / class_bytes;
+    return cols + part / plan.tile_cols * plan.tile_cols;
+  }
+  return cols;
+}
+
+StashLayout stash_layout(const Problem& p, const Plan& plan) {
   const char* env = stash_env();
-  if (env != nullptr && std::string(env) == "0") return 0;
+  if (env != nullptr && std::string(env) == "0") return {};
   const Tensor& gw = p.grad_w;
-  const int64_t N = plan.d.n, V = plan.d.v, H = plan.d.h;
+  const int64_t N = plan.d.n, V = plan.d.v, H = plan.d.h, C = plan.block_cols;
   if (!plan.states_pass || !plan.grads || plan.d.logits_entry || plan.round_to != Dtype::bf16 ||
       !gw.present() || p.w_layout != WeightLayout::vh || gw.stride[0] != H ||
       !unit_columns(gw))
-    return 0;
+    return {};
   const int64_t gw_size = int64_t(dtype_size(gw.dtype));
   // f32 in place with several row blocks: each row block writes grad_W's
   // block rows, before the next row block reads the codes there.
-  if (plan.grad_w_in_place && plan.block_rows < N) return 0;
-  if (H * gw_size > 2 * N) return 0;
-  const int64_t capacity = V * H * gw_size, C = plan.block_cols;
-  int64_t cols = 0;
-  while (cols < V && (cols / C) * 2 * N * C + 2 * N * std::min(C, V - cols) <= capacity)
-    cols += std::min(C, V - cols);
-  return cols;
+  if (plan.grad_w_in_place && plan.block_rows < N) return {};
+  if (H * gw_size > 2 * N) return {};
+  const int64_t capacity = V * H * gw_size;
+  StashLayout in_w{classes_that_fit(plan, 0, 0, capacity), false, 0};
+  // Block 0 in the gradient block, which holds all N rows of a whole block:
+  // grad_W's codes then start after block 0's grad_W rows.
+  if (plan.block_rows < N || C > V) return in_w;
+  StashLayout in_g{0, true, C * H * gw_size};
+  in_g.cols = classes_that_fit(plan, C, in_g.base, capacity);
+  return in_g.cols > in_w.cols ? in_g : in_w;
 }
 
 }  // namespace
@@ -116,7 +141,8 @@ Plan make_plan(const Problem& p, Pass pass) {
                             (p.grad_w.dtype == Dtype::f32 || p.grad_w.dtype == plan.grad_gemm);
     plan.grad_w_direct = !plan.grad_w_in_place && gemm_dtype && unit_columns(p.grad_w) &&
                          plan.block_rows >= N;
-    plan.stash_cols = stashable_cols(p, plan);
+    const StashLayout stash = stash_layout(p, plan);
+    plan.stash_cols = stash.cols, plan.stash_in_g = stash.in_g, plan.stash_base = stash.base;
     plan.stash_tiles = (plan.stash_cols + plan.tile_cols - 1) / plan.tile_cols;
     plan.stash_ref_cols = plan.fused ? sm90::kStashRefCols : plan.tile_cols;
     plan.stash_refs_per_tile = (plan.tile_cols + plan.stash_ref_cols - 1) / plan.stash_ref_cols;
@@ -194,6 +220,13 @@ Workspace carve_workspace(const Plan& plan, const Problem& p, void* base) {
   ws.w_grad = ptr[12];
   ws.stash_refs = static_cast<float*>(ptr[13]);
   return ws;
+}
+
+uint16_t* stash_codes(const Plan& plan, const Problem& p, const Workspace& ws, int64_t b) {
+  if (plan.stash_in_g && b == 0) return static_cast<uint16_t*>(ws.g);
+  const int64_t first = plan.stash_in_g ? 1 : 0;
+  return reinterpret_cast<uint16_t*>(static_cast<char*>(p.grad_w.data) + plan.stash_base) +
+         (b - first) * plan.d.n * plan.block_cols;
 }
 
 }  // namespace flce::cuda

@@ -17,12 +17,18 @@
 //
 // Stashed scores: pass 2 recomputes every score tile (a fourth GEMM), except
 // in the first stash_cols classes, whose scores pass 1 keeps as the f16 bits
-// of ref - s (ref = the row's max in that tile) in grad_W's own memory,
-// which is free until pass 2 writes it (the ref: per tile, or per 256
-// classes when pass 1 is fused). The codes of gradient block b (all
-// N rows x its cols, row-major) start at byte 2 N block_cols b; grad_W
-// rows of the blocks before b end at byte block_cols b H |grad_W dtype|, so
-// with H |dtype| <= 2 N pass 2 never overwrites codes it has yet to read.
+// of ref - s (ref = the row's max in that tile; per 256 classes when pass 1
+// is fused) in memory that is free until pass 2 writes it: grad_W's own,
+// and with stash_in_g the gradient block. Gradient block b's codes are its
+// stashed classes for all N rows, row-major, 2 N block_cols bytes apart:
+//   - stash_in_g: block 0's codes are the gradient block (where pass 2
+//     decodes them in place), block b >= 1's start at byte
+//     stash_base + 2 N block_cols (b - 1) of grad_W, stash_base being
+//     block 0's grad_W rows (block_cols H |grad_W dtype|);
+//   - otherwise block b's start at byte 2 N block_cols b of grad_W.
+// Either way the grad_W rows of the blocks before b end at or before b's
+// codes when H |dtype| <= 2 N, so pass 2 never overwrites codes it has yet
+// to read. The last stashed block may be stashed in part (whole tiles).
 // Only where G is rounded to bf16 anyway: the codes' error is the tolerance
 // policy's u_q term, as for the cpu backend's packed scores.
 #pragma once
@@ -52,12 +58,19 @@ struct Plan {
   bool grad_w_in_place = false;  // grad_w is f32 with unit column stride
   bool grad_w_direct = false;    // one row block: the GEMM writes grad_w as is
   bool fused = false;            // sm90 kernels multiply and fold the tiles not stashed
-  int64_t stash_cols = 0;        // classes [0, stash_cols) are stashed (a whole number of blocks, or V)
+  int64_t stash_cols = 0;        // classes [0, stash_cols) are stashed (whole tiles, or V)
+  bool stash_in_g = false;       // block 0's codes are in the gradient block
+  int64_t stash_base = 0;        // byte of grad_W where the first codes there start
   int64_t stash_tiles = 0;       // the score tiles they span
   int64_t stash_ref_cols = 0;    // classes per ref (a tile's, or sm90::kStashRefCols when fused)
   int64_t stash_refs_per_tile = 0, stash_refs = 0;  // refs per (row, tile) and per row
 
   bool stashed(int64_t j0) const { return j0 < stash_cols; }
+  // The stashed classes of the gradient block starting at class j0.
+  int64_t stash_width(int64_t j0) const {
+    const int64_t w = stash_cols - j0;
+    return w < 0 ? 0 : w < block_cols ? w : block_cols;
+  }
 };
 
 Plan make_plan(const Problem& p, Pass pass);
@@ -86,5 +99,8 @@ struct Workspace {
 
 size_t workspace_bytes(const Plan& plan, const Problem& p);
 Workspace carve_workspace(const Plan& plan, const Problem& p, void* base);
+
+// The codes of gradient block b (above): in the gradient block or grad_W.
+uint16_t* stash_codes(const Plan& plan, const Problem& p, const Workspace& ws, int64_t b);
 
 }  // namespace flce::cuda

@@ -110,7 +110,7 @@ struct States {
     RowInfo* info;
     TileState* states;
     StashOut stash;
-    int64_t state_r0, tiles, t, c_begin, row_end, v;
+    int64_t state_r0, tiles, t, c_begin, row_end;
     int quad;
     bool stash_tma;
     const CUtensorMap* stash_map;
@@ -120,7 +120,7 @@ struct States {
     __device__ Thread(const States& e, const Grid& grid, int64_t row_a, int64_t c_begin,
                       int64_t chunk, uint8_t* staging)
         : q(e.g, 0), info(e.g.rows), states(e.states), stash(e.stash), state_r0(e.state_r0),
-          tiles(e.tiles), t(e.t0 + chunk), c_begin(c_begin), row_end(grid.row_end), v(e.g.v),
+          tiles(e.tiles), t(e.t0 + chunk), c_begin(c_begin), row_end(grid.row_end),
           quad(threadIdx.x % 4), stash_tma(kStash && e.stash_tma), stash_map(&e.stash_map),
           staging(staging) {
 #pragma unroll
@@ -152,7 +152,8 @@ struct States {
     // the subtile), as tile_states writes a tile's (kernels.h, Stash).
     __device__ void stash_subtile(const float (&d)[128], int64_t n0, int limit) {
       const int64_t b = n0 / stash.block_cols, block_j0 = b * stash.block_cols;
-      const int64_t block_cols = v - block_j0 < stash.block_cols ? v - block_j0 : stash.block_cols;
+      const int64_t block_cols =
+          stash.end - block_j0 < stash.block_cols ? stash.end - block_j0 : stash.block_cols;
       float refs[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -175,15 +176,16 @@ struct States {
       };
       if (stash_tma) {
         store_subtile_staged<3>(staging, stash_map, int(n0 - block_j0),
-                                int(staged_first_row(rows[0].i)), int(b), code_pair);
+                                int(staged_first_row(rows[0].i)), int(b - stash.first_block),
+                                code_pair);
         return;
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int64_t i = rows[h].i;
         if (i >= row_end) continue;
-        uint16_t* codes = stash.codes + b * stash.n * stash.block_cols + i * block_cols +
-                          (n0 - block_j0);
+        uint16_t* codes = stash.codes + (b - stash.first_block) * stash.n * stash.block_cols +
+                          i * block_cols + (n0 - block_j0);
         const bool pairs = limit >= kCols && reinterpret_cast<uintptr_t>(codes) % 4 == 0;
         if (pairs) {
           uint32_t packed[32];

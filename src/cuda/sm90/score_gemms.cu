@@ -66,12 +66,14 @@ std::string tensor_map(const Tensor& t, int64_t rows, uint32_t box_rows, CUtenso
 
 std::string stash_codes_map(const Grid& grid, const StashOut& stash, bool* fits, CUtensorMap* map) {
   const int64_t C = stash.block_cols;
-  // Whole blocks from class 0 (the launch's classes [col0, v) are blocks
+  // Whole blocks from first_block (the launch's classes [col0, v) are blocks
   // [col0 / C, v / C)), whole subtiles in every tile, 16-byte rows.
-  *fits = C % 8 == 0 && grid.col0 % C == 0 && grid.v % C == 0 && grid.chunk % kCols == 0 &&
+  *fits = C % 8 == 0 && grid.col0 == stash.first_block * C && grid.v % C == 0 &&
+          grid.v <= stash.end && grid.chunk % kCols == 0 &&
           reinterpret_cast<uintptr_t>(stash.codes) % 16 == 0;
   if (!*fits) return "";
-  const cuuint64_t dims[3] = {cuuint64_t(C), cuuint64_t(grid.row_end), cuuint64_t(grid.v / C)};
+  const cuuint64_t dims[3] = {cuuint64_t(C), cuuint64_t(grid.row_end),
+                              cuuint64_t(grid.v / C - stash.first_block)};
   const cuuint64_t strides[2] = {cuuint64_t(C) * 2, cuuint64_t(stash.n * C) * 2};
   const cuuint32_t box[3] = {kStagedBox, kStagedBox, 1};
   if (auto e = encode_map(CU_TENSOR_MAP_DATA_TYPE_UINT16, stash.codes, 3, dims, strides, box,

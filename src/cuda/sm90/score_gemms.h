@@ -37,14 +37,15 @@ std::string check_fused_env();
 constexpr int64_t kStashRefCols = 256;
 
 // Where gemm_states stashes the tiles' scores (plan.h; codes null: it does
-// not): the codes of class block b (block_cols classes, all n rows,
-// row-major) from codes + b n block_cols; the ref of row i and class j of
+// not): the codes of class block b >= first_block (its classes below end,
+// at most block_cols, for all n rows, row-major) from
+// codes + (b - first_block) n block_cols; the ref of row i and class j of
 // tile t at refs[i * refs_ld + t * refs_per_tile + (j - t tile_cols) / 256].
 // Only for bf16 storage (the stash needs G rounded to bf16).
 struct StashOut {
   uint16_t* codes = nullptr;
   float* refs = nullptr;
-  int64_t n = 0, block_cols = 0, refs_ld = 0, refs_per_tile = 0;
+  int64_t n = 0, block_cols = 0, first_block = 0, end = 0, refs_ld = 0, refs_per_tile = 0;
 };
 
 // states[(i - state_r0) * tiles + t] for rows i in [r0, r0 + rows) and score
