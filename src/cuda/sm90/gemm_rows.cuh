@@ -56,8 +56,9 @@ constexpr size_t shared_bytes() {
   return bytes;
 }
 
-// Where a block works: rows [row0 + 128 row_block, +128) clipped to
-// row_end, classes [col0 + chunk_size chunk, +chunk_size) clipped to v.
+// Where a block works (place_block gives its row block r and chunk c):
+// rows [row0 + 128 r, +128) clipped to row_end, classes
+// [col0 + chunk c, +chunk) clipped to v.
 struct Grid {
   int64_t row0, row_end, col0, chunk, v;
   int k_tiles;
@@ -72,9 +73,10 @@ constexpr int64_t kGroupBytes = int64_t(16) << 20;
 // next: the blocks in flight read one group's rows of x (kGroupBytes, so
 // that they stay in L2) and the chunks of W they share. Row blocks fastest
 // over the whole grid instead (x up to 38 MB at the Gemma-2 head, beside
-// W's tiles) took 20 GB of DRAM reads for a 1.2 GB W in a Gemma-2 forward
-// under Nsight Compute (cuBLAS: 7.5), and 2-4% longer in pass 1 at the two
-// large heads (H200, torch.profiler, two rounds).
+// W's tiles) read 20.6 GB from DRAM for a 1.2 GB W in a Gemma-2 forward
+// under Nsight Compute (grouped: 6.3; cuBLAS: 7.5) in the same time at its
+// locked clocks, but pass 1 took 2-4% longer at the two large heads without
+// them (H200, torch.profiler, two rounds): fewer DRAM bytes buy clock.
 inline __device__ void place_block(const Grid& grid, int64_t* row_block, int64_t* chunk) {
   const int64_t id = blockIdx.x + int64_t(gridDim.x) * blockIdx.y;
   const int64_t per_group = int64_t(grid.group_rows) * gridDim.y;
