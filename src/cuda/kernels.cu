@@ -209,12 +209,12 @@ __global__ void tile_states_kernel(LossArgs g, ScoreTile tile, int64_t t, int64_
       max = group_max;
       arg_c = -1;
     }
-    const float shift = shift_of(max);
+    const float offset = exp_offset(shift_of(max));
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       // Padding is -inf: exp gives 0. A NaN poisons the sums, as on the cpu;
       // the lse of such a row is NaN by first_nan whatever the sums hold.
-      const float e = exp_in_sum(s[k] - shift);
+      const float e = exp_at(s[k], offset);
       sum_exp += e;
       if (kSbar) sum_exp_s += e == 0 ? 0.0f : e * s[k];
       if (kSumCs && k < n) {

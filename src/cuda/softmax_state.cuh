@@ -27,21 +27,32 @@ inline __device__ int64_t load_int(const DView& t, int64_t i) {
 
 inline __device__ float shift_of(float m) { return isfinite(m) ? m : 0.0f; }
 
-// e^x for the hot loops: CUDA's exp2f (2 ulp, as expf; one MUFU.EX2 and a
-// subnormal fix-up) of x log2(e), against expf's range reduction of about
-// a dozen instructions. Rounding the product moves the exponent by u |x|,
-// which the tolerance policy counts (tests/support/tolerance.h, section 2:
-// the exponents' u (m - s_j) term; section 3: rho for exp(s - lse)).
+// e^x for the rescales and merges: CUDA's exp2f (2 ulp, as expf; one
+// MUFU.EX2 and a subnormal fix-up) of x log2(e), against expf's range
+// reduction of about a dozen instructions. Rounding the product moves the
+// exponent by u |x|, which the tolerance policy counts (tests/support/
+// tolerance.h, section 2: the exponents' u (m - s_j) term).
 constexpr float kLog2e = 1.44269504088896341f;
 inline __device__ float exp_of(float x) { return exp2f(x * kLog2e); }
 
-// The same for a term of pass 1's sum of exp(s - max) (sum >= 1: the max's
-// own term is 1): ex2.approx.ftz, which flushes results below 2^-126 to 0
-// and so needs no subnormal fix-up. A flushed term moves the sum by less
-// than 2^-126, far under its rounding; outputs never see these values.
-inline __device__ float exp_in_sum(float x) {
+// The hot loops' e^(s - m) for a shift m fixed over many s: m's offset
+// m log2(e) once (exp_offset), then per s one FMA and one ex2.approx.ftz
+// (exp_at), against a subtraction, a product and exp2f's subnormal
+// fix-up. The offset's rounding moves the exponent by u |m| and the FMA's
+// by u |s - m| (tolerance.h, sections 2 and 3: the u_a (|lse| + ln V) and
+// u_a (|s| + |lse|) terms). Results below 2^-126 flush to 0: in a sum of
+// at least 1 (pass 1, whose max's term is 1) far under its rounding; in G
+// the p underflow term, which the policy takes at the smallest normal.
+// A finite m whose offset would overflow is clamped to the largest float
+// (|m| > 2.3e38, where the policy's bounds are far above any G); an
+// infinite or NaN m keeps its offset, as s - m would.
+inline __device__ float exp_offset(float m) {
+  const float o = m * kLog2e;
+  return isfinite(m) ? fminf(fmaxf(o, -3.4028235e38f), 3.4028235e38f) : o;
+}
+inline __device__ float exp_at(float s, float offset) {
   float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * kLog2e));
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(fmaf(s, kLog2e, -offset)));
   return y;
 }
 
@@ -168,11 +179,11 @@ inline DlogitsForm dlogits_form(const LossArgs& g) {
 template <int kRound, DlogitsForm kForm>
 struct DlogitsRow {
   TileParams q;
-  float lse, sbar, coef_p, coef_c, coef_h, label;
+  float lse, lse_offset, sbar, coef_p, coef_c, coef_h, label;  // lse_offset: exp_offset(lse)
   int y_col;  // the label's column in the tile, or -1
 
   __device__ DlogitsRow(const LossArgs& g, const RowInfo& info, int64_t j0, int cols)
-      : q(g, j0), lse(float(info.lse)), sbar(float(info.sbar)), coef_p(float(info.coef_p)),
+      : q(g, j0), lse(float(info.lse)), lse_offset(exp_offset(lse)), sbar(float(info.sbar)), coef_p(float(info.coef_p)),
         coef_c(float(info.coef_c)), coef_h(float(info.coef_h)), label(float(info.label_coef)),
         y_col(info.y < 0 ? -1 : label_column(info.y, j0, cols)) {}
 
@@ -192,14 +203,14 @@ struct DlogitsRow {
   // fused epilogue passes a constant and rounds in its store).
   __device__ float unrounded(float s, int c, bool at_label) const {
     if (kForm == kPlain) {
-      const float d = coef_p * exp_of(s - lse);
+      const float d = coef_p * exp_at(s, lse_offset);
       return at_label ? d - label : d;
     }
     if (kForm == kPlainSoftcap) {
-      const float d = coef_p * exp_of(s - lse);
+      const float d = coef_p * exp_at(s, lse_offset);
       return q.dsdz(s) * (at_label ? d - label : d);
     }
-    const float p = exp_of(s - lse);
+    const float p = exp_at(s, lse_offset);
     float d = coef_p * p;
     if (coef_c != 0) d += coef_c * q.class_weight(c);
     if (coef_h != 0) d -= coef_h * (p == 0 ? 0.0f : p * (s - sbar));

@@ -31,6 +31,13 @@ double tiny(double u) {
   return 0x1p-133;                     // bf16
 }
 
+double smallest_normal(double u) {
+  if (u <= 0x1p-53) return 0x1p-1022;  // f64
+  if (u <= 0x1p-24) return 0x1p-126;   // f32
+  if (u <= 0x1p-11) return 0x1p-14;    // f16
+  return 0x1p-126;                     // bf16
+}
+
 Precision Precision::float64(flce::Dtype out) {
   Precision p;
   p.u_out = unit_roundoff(out);
@@ -104,7 +111,8 @@ RowTerms row_bounds(const DenseProblem& d, const BruteForce& x, const Precision&
   for (int64_t i = 0; i < d.n; ++i) {
     const double lse = x.lse[i], mu = x.mean_s[i];
     const double eval = gv + double(d.v + 1) * (kappa + 1.0) * ua + 3.0 * ua * log_v +
-                        kappa * ua * log_v + ua * std::fabs(lse) + pr.u_saved_lse * std::fabs(lse);
+                        ua * (std::fabs(lse) + log_v) + kappa * ua * log_v + ua * std::fabs(lse) +
+                        pr.u_saved_lse * std::fabs(lse);
     const double dlse = b->row_logit[i] + eval;
     t.eval[i] = eval;
     t.dlse[i] = dlse;
@@ -116,7 +124,7 @@ RowTerms row_bounds(const DenseProblem& d, const BruteForce& x, const Precision&
       const double s = x.s[ij], p = x.p[ij], logp = x.logp[ij];
       const double rho = 2.0 * ua * (std::fabs(s) + std::fabs(lse) + log_v);
       t.dlogp[ij] = b->logits[ij] + dlse + rho;
-      t.relp[ij] = t.dlogp[ij] + kappa * ua;
+      t.relp[ij] = t.dlogp[ij] + kappa * ua + ua * (std::fabs(s) + std::fabs(lse));
       from_logits += pw(p, std::fabs(s - mu) * b->logits[ij]);
       const double mag = pw(p, std::fabs(s) + std::fabs(logp));
       w += mag;
@@ -212,7 +220,7 @@ std::vector<double> packed_score_errors(const DenseProblem& d, const BruteForce&
 // Section 6: dG_ij, the error of dlogits before any output rounding.
 void dlogits_bounds(const DenseProblem& d, const BruteForce& x, const Precision& pr,
                     const RowTerms& t, Bounds* b) {
-  const double ua = pr.u_accum, tiny_a = tiny(ua);
+  const double ua = pr.u_accum, p_underflow = smallest_normal(ua);
   const double a = d.options.logit_scale, k = d.options.softcap;
   const double e = d.options.label_smoothing, l = d.options.z_loss;
   const double g9 = gamma(9.0, ua), gv1 = gamma(double(d.v + 1), ua);
@@ -251,7 +259,7 @@ void dlogits_bounds(const DenseProblem& d, const BruteForce& x, const Precision&
       double dgs = g9 * (T1 + T2 + T3 + T4 + T5) + pw(T1, relp + rho_r) +
                    pw(std::fabs(q) * p, dA) + (T2 + T3) * rho_r + pw(T4 + T5, relp) +
                    std::fabs(g_ent) * pw(p, ds + dmu);
-      dgs += tiny_a * (std::fabs(q * A) + std::fabs(g_lse) +
+      dgs += p_underflow * (std::fabs(q * A) + std::fabs(g_lse) +
                        (g_ent != 0 && std::isfinite(s) ? std::fabs(g_ent * (s - mu)) : 0.0));
       const double gs = x.grad_s[ij];
       double dgz = dgs;

@@ -27,8 +27,8 @@
 // double functions (1 ulp), and CUDA's expf, exp2f and tanhf (2 ulp from the
 // correctly rounded result by the CUDA C++ Programming Guide's table of
 // single-precision functions, so 2.5 ulp from the exact one; no fast math;
-// exp2f is the ex2.approx.f32 instruction, whose .ftz form pass 1's sums use:
-// the same result except that it flushes subnormal ones to 0).
+// exp2f is the ex2.approx.f32 instruction, whose .ftz form the score passes
+// use: the same result except that it flushes subnormal ones to 0).
 // tiny(u) is the smallest subnormal of the format with unit roundoff u. Every bound is first order in u (terms in u^2 dropped).
 // The option scalars a, k, e, l may be converted to the accumulation
 // precision first; each conversion is one more rounding wherever the scalar
@@ -80,6 +80,13 @@
 //                                    product by log2(e); weighted by p_j that
 //                                    is 3 u sum_j p_j (m - s_j) <= 3 u H_i
 //                                    <= 3 u ln V
+//       + u_a (|lse_i| + ln V)       the exponent formed as one FMA
+//                                    s log2(e) - o, o = m' log2(e) rounded
+//                                    once for the running max m' (s_j <=
+//                                    m' <= m): u |m'| <= u (|m| + m - s_j)
+//                                    per term, the m - s_j part inside the
+//                                    3 u ln V above (the FMA has no separate
+//                                    difference), and |m| <= |lse_i| + ln V
 //       + kappa u_a ln V             the log of a sum in [1, V]
 //       + u_a |lse_i|                adding the max back
 //       + u_l |lse_i|                backward() reading a stored lse.
@@ -95,7 +102,11 @@
 //   dlogp_ij = ds_ij + dlse_i + rho_ij.
 // bound(logprob_i) = dlogp_{i,y_i} + out(logp_{i,y_i}); ignored rows are 0
 // exactly (bound 0).
-// p_ij = exp(logp_ij) has relative error relP_ij = dlogp_ij + kappa u_a, so
+// p_ij = exp(logp_ij) has relative error
+//   relP_ij = dlogp_ij + kappa u_a + u_a (|s_ij| + |lse_i|)
+// (the last term: an exponent formed as one FMA s log2(e) - lse log2(e)
+// adds u |lse| for the rounded offset and u |s - lse| for log2(e)'s
+// rounding to the roundings rho counts), so
 //   dp_ij = p_ij relP_ij + tiny(u_a)   (~ p (2 Delta + gamma_V) of the notes;
 //                                       tiny: exp underflowing to 0).
 //
@@ -152,7 +163,9 @@
 //   (|T2| + |T3|) rho_r;  (|T4| + |T5|) relP_ij;
 //   |g_ent_i| p_ij (ds_ij + dmu_i),
 //       dmu_i = sum_j p_ij (ds_ij + |s_ij| (relP_ij + gamma_{V+1}));
-//   tiny(u_a) (|q_i A_i| + |g_lse_i| + |g_ent_i| |s_ij - mu_i|)  (p underflow).
+//   nmin(u_a) (|q_i A_i| + |g_lse_i| + |g_ent_i| |s_ij - mu_i|)  (p underflow;
+//   nmin: the smallest normal, for an exp that flushes subnormal results to
+//   0, as the cuda backend's ex2.approx.ftz does).
 // Softcap: G^z = L G^s with L = 1 - (s/k)^2, whose error is
 //   dL_ij = 2 |s_ij| ds_ij / k^2 + 4 u_a (s/k, the square, 1 - .).
 // Packed scores (u_q > 0): the pass reads s_ij back as ref - f16(ref - s_ij)
@@ -228,6 +241,8 @@ double unit_roundoff(flce::Dtype dtype);
 double gamma(double n, double u);
 // Smallest positive subnormal of the format whose unit roundoff is u.
 double tiny(double u);
+// Smallest positive normal of that format (nmin in section 6).
+double smallest_normal(double u);
 
 struct Precision {
   double u_accum = 0x1p-53;  // u_a

@@ -217,13 +217,13 @@ struct States {
         row.max = group_max;
         row.arg_c = -1;
       }
-      const float shift = shift_of(row.max);
+      const float offset = exp_offset(shift_of(row.max));
 #pragma unroll
       for (int r = 2 * h; r < 128; r += 4) {
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
           const float s = d[r + k];
-          const float e_s = exp_in_sum(s - shift);
+          const float e_s = exp_at(s, offset);
           row.sum_exp += e_s;
           if (kSbar) row.sum_exp_s += e_s == 0 ? 0.0f : e_s * s;
           if (kSumCs) {

@@ -41,6 +41,17 @@ def tiny(u):
     return 2.0**-133
 
 
+def smallest_normal(u):
+    """Smallest positive normal of that format (section 6's p underflow)."""
+    if u <= 2.0**-53:
+        return 2.0**-1022
+    if u <= 2.0**-24:
+        return 2.0**-126
+    if u <= 2.0**-11:
+        return 2.0**-14
+    return 2.0**-126
+
+
 def pw(p, q):
     return np.where(p == 0, 0.0, p * q)
 
@@ -157,7 +168,8 @@ def block_bounds(d, pr, rows, want_grads):
 
     # Section 2: lse.
     gv, gv1, gv5 = gamma(v, ua), gamma(v + 1.0, ua), gamma(v + 5.0, ua)
-    ev = (gv + (v + 1.0) * (KAPPA + 1.0) * ua + 3.0 * ua * log_v + KAPPA * ua * log_v
+    ev = (gv + (v + 1.0) * (KAPPA + 1.0) * ua + 3.0 * ua * log_v
+          + ua * (np.abs(lse) + log_v) + KAPPA * ua * log_v
           + ua * np.abs(lse) + pr.u_saved_lse * np.abs(lse))
     dlse = delta + ev
     out["lse"] = dlse
@@ -165,7 +177,7 @@ def block_bounds(d, pr, rows, want_grads):
     # Section 3: logp and p.
     rho = 2.0 * ua * (np.abs(s) + np.abs(lse)[:, None] + log_v)
     dlogp = ds + dlse[:, None] + rho
-    relp = dlogp + KAPPA * ua
+    relp = dlogp + KAPPA * ua + ua * (np.abs(s) + np.abs(lse)[:, None])
 
     # Section 4: entropy.
     from_logits = pw(p, np.abs(s - mu[:, None]) * ds).sum(axis=1)
@@ -204,7 +216,7 @@ def block_bounds(d, pr, rows, want_grads):
         return out
 
     # Section 6: dlogits.
-    tiny_a, g9 = tiny(ua), gamma(9.0, ua)
+    p_underflow, g9 = smallest_normal(ua), gamma(9.0, ua)
     rho_r = gamma(d.n + 1.0, ua) if d.reduction == "mean" else 0.0
     q = d.loss_coef[rows] * t
     g_lse = np.zeros_like(q) if d.grad_lse is None else d.grad_lse[rows]
@@ -229,7 +241,7 @@ def block_bounds(d, pr, rows, want_grads):
            + (T2 + T3) * rho_r + pw(T4 + T5, relp)
            + np.abs(g_ent)[:, None] * pw(p, ds + dmu[:, None]))
     ent_term = np.where((g_ent[:, None] != 0) & np.isfinite(s), np.abs(g_ent[:, None] * sm), 0.0)
-    dgs = dgs + tiny_a * (np.abs(qc * Ac) + np.abs(g_lse)[:, None] + ent_term)
+    dgs = dgs + p_underflow * (np.abs(qc * Ac) + np.abs(g_lse)[:, None] + ent_term)
     # The exact d objective / d s, then through the softcap and the scale.
     gs = np.where(qc != 0, qc * (p * Ac - e / v * d.c[None, :]), 0.0)
     gs = gs - np.where(onehot, qc * (1 - e) * cy[:, None], 0.0)
