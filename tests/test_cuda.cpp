@@ -401,6 +401,51 @@ TEST(CudaPlan, StashesWholeBlocksThatFitInGradWOnlyForBf16Dlogits) {
 }
 #endif
 
+// Runs without a GPU: the gradient block that a fused plan for an H100
+// (132 SMs) widens to stash more, within 480 MiB of workspace (plan.cpp,
+// widen_stashing_block). At Gemma-2, blocks of 12288, 20480 and 22528
+// classes leave pass 2's G kernel 44, 42 and 45 waves: 22528 stashes the
+// most (3 blocks and 10 tiles of 2048) but leaves one tile of block 3 and
+// 11-tile launches of 704 kernel blocks (5.3 waves of 132).
+TEST(CudaPlan, FusedPlansWidenTheStashingBlockByTheGKernelsWaves) {
+  unsetenv("FLCE_CUDA_TILE");
+  unsetenv("FLCE_CUDA_BLOCK");
+  unsetenv("FLCE_CUDA_STASH");
+  const flce::cuda::PlanTarget h100{true, 132};
+  struct Head { int64_t n, h, v, block_cols, stash_cols; };
+  for (const Head& head : {Head{8192, 2304, 256000, 20480, 4 * 20480 + 2 * 2048},
+                           Head{8192, 4096, 128256, 20480, 3 * 20480 + 6 * 2048},
+                           Head{16384, 1024, 128256, 10240, 10240 + 3 * 2048}}) {
+    const flce::Problem p = step_shapes(head.n, head.h, head.v);
+    const flce::cuda::Plan plan = flce::cuda::make_plan(p, Pass::loss_and_grad, h100);
+    EXPECT_EQ(plan.block_rows, head.n) << head.v;
+    EXPECT_EQ(plan.block_cols, head.block_cols) << head.v;
+    EXPECT_EQ(plan.stash_cols, head.stash_cols) << head.v;
+    EXPECT_TRUE(plan.stash_in_g) << head.v;
+    EXPECT_LE(flce::cuda::workspace_bytes(plan, p), size_t(480) << 20) << head.v;
+  }
+  // Blocks of 192 MiB, as before the widening (FLCE_CUDA_BLOCK keeps a
+  // block as set): 31.2%, 54.3% and 9.6% of the classes stashed, against
+  // 33.6%, 57.5% and 12.8% above.
+  const flce::Problem gemma = step_shapes(8192, 2304, 256000);
+  setenv("FLCE_CUDA_BLOCK", "8192x12288", 1);
+  EXPECT_EQ(flce::cuda::make_plan(gemma, Pass::loss_and_grad, h100).stash_cols,
+            6 * 12288 + 3 * 2048);
+  setenv("FLCE_CUDA_BLOCK", "16384x6144", 1);
+  EXPECT_EQ(flce::cuda::make_plan(step_shapes(16384, 1024, 128256), Pass::loss_and_grad, h100)
+                .stash_cols,
+            2 * 6144);
+  unsetenv("FLCE_CUDA_BLOCK");
+  // No widening where block 0 is not the gradient block's (f32 dlogits: no
+  // stash) or without the fused kernels.
+  flce::Problem f32_dlogits = gemma;
+  f32_dlogits.options.grad_logits_dtype = GradLogitsDtype::f32;
+  EXPECT_EQ(flce::cuda::make_plan(f32_dlogits, Pass::loss_and_grad, h100).block_cols, 6144);
+  EXPECT_EQ(flce::cuda::make_plan(gemma, Pass::loss_and_grad, flce::cuda::PlanTarget{false, 132})
+                .block_cols,
+            12288);
+}
+
 // Small problems whose first blocks are stashed (the plan test above has
 // the rule): N = 40, H = 16, V = 150 in tiles of 8 x 16 and blocks of 16 x
 // 32, so grad_W's 4800 bytes (bf16) hold block 0's codes (2560 bytes) and

@@ -23,6 +23,10 @@ constexpr int64_t kTileRows = 4096, kTileCols = 4096;
 constexpr int64_t kFusedTileCols = 2048;
 constexpr size_t kBlockBytes = size_t(192) << 20;  // the G block
 constexpr size_t kStateBytes = size_t(64) << 20;   // pass 1's tile states
+// The most workspace a plan widens its gradient block to (below): the 512
+// MiB beyond the gradients that #7 allows a step, less 32 MiB for the
+// rest of a call (its outputs, a caller's allocator rounding).
+constexpr size_t kWideWorkspaceBytes = size_t(480) << 20;
 
 // FLCE_CUDA_TILE=RxC overrides the score tile and FLCE_CUDA_BLOCK=RxC the
 // gradient block (rounded to whole tiles): tuning sweeps (bench/) and tests
@@ -91,6 +95,52 @@ StashLayout stash_layout(const Problem& p, const Plan& plan) {
   return in_g.cols > in_w.cols ? in_g : in_w;
 }
 
+void set_stash(Plan* plan, const StashLayout& stash) {
+  plan->stash_cols = stash.cols, plan->stash_in_g = stash.in_g, plan->stash_base = stash.base;
+  plan->stash_tiles = (plan->stash_cols + plan->tile_cols - 1) / plan->tile_cols;
+  plan->stash_refs = plan->stash_tiles * plan->stash_refs_per_tile;
+}
+
+// The fused G kernel's waves over the classes pass 2 recomputes: per
+// gradient block, ceil(kernel blocks / SMs) (sm90/score_gemms.h).
+int64_t recompute_waves(const Plan& plan, int sms) {
+  const int64_t rows = (plan.block_rows + sm90::kKernelRows - 1) / sm90::kKernelRows;
+  int64_t waves = 0;
+  for (int64_t j0 = 0; j0 < plan.d.v; j0 += plan.block_cols) {
+    const int64_t cols = std::min(plan.block_cols, plan.d.v - j0) - plan.stash_width(j0);
+    const int64_t blocks = rows * ((cols + sm90::kDlogitsChunk - 1) / sm90::kDlogitsChunk);
+    waves += (blocks + sms - 1) / sms;
+  }
+  return waves;
+}
+
+// Where block 0's codes are the gradient block, a wider block stashes more
+// classes (block 0 is all stashed; the wider grad_W rows before the other
+// blocks' codes cost less than that at H |grad_W dtype| < 2 N). Of the
+// blocks of whole tiles that keep the workspace within kWideWorkspaceBytes,
+// the fused plan takes the one whose recomputed classes take the fewest
+// waves of the G kernel, then the one that stashes the most: the most
+// classes alone took a Gemma-2 block of 22528 classes, whose launches of
+// 704 kernel blocks fill 5.3 of 6 waves, and whose pass 2 was no faster
+// than with 12288 (H200, two rounds).
+void widen_stashing_block(Plan* plan, const Problem& p, int sms) {
+  if (!plan->stash_in_g || !plan->fused) return;
+  const int64_t widest = round_up(plan->d.v, plan->tile_cols);
+  Plan best = *plan;
+  int64_t best_waves = recompute_waves(best, sms);
+  for (int64_t cols = plan->block_cols + plan->tile_cols; cols <= widest; cols += plan->tile_cols) {
+    Plan wider = *plan;
+    wider.block_cols = cols;
+    set_stash(&wider, stash_layout(p, wider));
+    if (workspace_bytes(wider, p) > kWideWorkspaceBytes) break;
+    if (!wider.stash_in_g) continue;
+    const int64_t waves = recompute_waves(wider, sms);
+    if (waves < best_waves || (waves == best_waves && wider.stash_cols > best.stash_cols))
+      best = wider, best_waves = waves;
+  }
+  *plan = best;
+}
+
 }  // namespace
 
 std::string check_stash_env() {
@@ -103,6 +153,13 @@ std::string check_stash_env() {
 }
 
 Plan make_plan(const Problem& p, Pass pass) {
+  PlanTarget target;
+  target.fused = sm90::fused_declines(p).empty();
+  if (target.fused) target.sms = sm90::sm_count(p);
+  return make_plan(p, pass, target);
+}
+
+Plan make_plan(const Problem& p, Pass pass, const PlanTarget& target) {
   Plan plan;
   plan.d = dims_of(p);
   plan.pass = pass;
@@ -114,7 +171,7 @@ Plan make_plan(const Problem& p, Pass pass) {
   plan.grads = pass != Pass::forward;
   plan.states_pass = pass != Pass::backward || p.grad_entropy.present();
 
-  plan.fused = sm90::fused_declines(p).empty();
+  plan.fused = target.fused;
   int64_t tr = kTileRows, tc = plan.fused ? kFusedTileCols : kTileCols;
   size_from_env("FLCE_CUDA_TILE", &tr, &tc);
   plan.tile_rows = std::min(tr, N);
@@ -141,12 +198,10 @@ Plan make_plan(const Problem& p, Pass pass) {
                             (p.grad_w.dtype == Dtype::f32 || p.grad_w.dtype == plan.grad_gemm);
     plan.grad_w_direct = !plan.grad_w_in_place && gemm_dtype && unit_columns(p.grad_w) &&
                          plan.block_rows >= N;
-    const StashLayout stash = stash_layout(p, plan);
-    plan.stash_cols = stash.cols, plan.stash_in_g = stash.in_g, plan.stash_base = stash.base;
-    plan.stash_tiles = (plan.stash_cols + plan.tile_cols - 1) / plan.tile_cols;
     plan.stash_ref_cols = plan.fused ? sm90::kStashRefCols : plan.tile_cols;
     plan.stash_refs_per_tile = (plan.tile_cols + plan.stash_ref_cols - 1) / plan.stash_ref_cols;
-    plan.stash_refs = plan.stash_tiles * plan.stash_refs_per_tile;
+    set_stash(&plan, stash_layout(p, plan));
+    if (br == 0) widen_stashing_block(&plan, p, target.sms);
     (void)H;
   }
   return plan;

@@ -7,7 +7,9 @@
 //   gradient block  [block_rows x block_cols] of G (dlogits) in the
 //                   gradient GEMMs' dtype, assembled from score tiles, then
 //                   fed to grad_x += G W_block and grad_W_block (+)= G^T X.
-//                   Large, so both GEMMs have a long K (192 MiB by default).
+//                   Large, so both GEMMs have a long K (192 MiB, or up to
+//                   480 MiB of workspace in all where a wider block stashes
+//                   more: plan.cpp, widen_stashing_block).
 // The pass over the vocabulary for lse (pass 1) keeps one TileState per
 // (row, score tile) for state_rows rows at a time.
 //
@@ -73,7 +75,17 @@ struct Plan {
   }
 };
 
+// The device a plan is for: whether the fused sm90 kernels serve the
+// problem (sm90::fused_declines) and the device's SMs, which weigh the
+// gradient block's width (plan.cpp). make_plan asks the problem's device;
+// tests pass one to plan for an H100 without a GPU.
+struct PlanTarget {
+  bool fused = false;
+  int sms = 132;
+};
+
 Plan make_plan(const Problem& p, Pass pass);
+Plan make_plan(const Problem& p, Pass pass, const PlanTarget& target);
 
 // FLCE_CUDA_STASH: "0" (recompute every tile), "1" or unset (stash where it
 // applies); "" or a message naming a malformed value.

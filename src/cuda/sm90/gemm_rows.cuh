@@ -34,6 +34,7 @@
 namespace flce::cuda::sm90 {
 
 constexpr int kRows = 128;             // rows of a block: two consumer warpgroups
+static_assert(kRows == kKernelRows, "score_gemms.h counts blocks of these rows");
 constexpr int kCols = 256;             // classes per accumulator (the wgmma's N)
 static_assert(kCols == kStashRefCols, "one stash ref per subtile");
 constexpr int kDepth = 64;             // K per stage: one 128-byte swizzle row of 16-bit values

@@ -95,7 +95,7 @@ namespace {
 // rounds on an H200, with the TMA stores of G): 1024: 12.98 / 7.22 / 7.86,
 // 2048: 12.77 / 7.19 / 7.60, 1536: 12.92 / 7.16 / 7.73, 4096: 16.26 / 9.35
 // / 7.60 ms.
-constexpr int64_t kDlogitsChunk = 2048;
+static_assert(kDlogitsChunk == 2048, "score_gemms.h's chunk is the one measured here");
 static_assert(kDlogitsChunk % kCols == 0, "a subtile ends only at a chunk's end or at G's last class");
 
 // Dlogits' epilogue for G at g, with the TMA map of its staged stores where
@@ -173,6 +173,17 @@ std::string fused_declines(const Problem& p) {
            ": the kernel is built for sm_90a";
   if (tensor_map_encoder() == nullptr) return "the CUDA driver has no cuTensorMapEncodeTiled";
   return "";
+}
+
+int sm_count(const Problem& p) {
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.x.device_index) !=
+          cudaSuccess ||
+      sms <= 0) {
+    cudaGetLastError();
+    return 132;
+  }
+  return sms;
 }
 
 std::string gemm_states(const LossArgs& args, const Tensor& x, const Tensor& w, int64_t r0,

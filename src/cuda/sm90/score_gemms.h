@@ -36,6 +36,15 @@ std::string check_fused_env();
 // Classes per stash ref in gemm_states' codes (one per 256-class subtile).
 constexpr int64_t kStashRefCols = 256;
 
+// A kernel block's rows, and the classes of a gemm_dlogits block: a launch
+// over rows x cols runs ceil(rows / 128) ceil(cols / 2048) blocks, one per
+// SM at a time (plan.cpp weighs a gradient block's width by them).
+constexpr int64_t kKernelRows = 128;
+constexpr int64_t kDlogitsChunk = 2048;
+
+// The SMs of the device `p.x` is on (132 where it cannot be asked).
+int sm_count(const Problem& p);
+
 // Where gemm_states stashes the tiles' scores (plan.h; codes null: it does
 // not): the codes of class block b >= first_block (its classes below end,
 // at most block_cols, for all n rows, row-major) from
