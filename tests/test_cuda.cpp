@@ -399,7 +399,6 @@ TEST(CudaPlan, StashesWholeBlocksThatFitInGradWOnlyForBf16Dlogits) {
   unsetenv("FLCE_CUDA_STASH");
   EXPECT_EQ(flce::cuda::check_stash_env(), "");
 }
-#endif
 
 // Runs without a GPU: the gradient block that a fused plan for an H100
 // (132 SMs) widens to stash more, within 480 MiB of workspace (plan.cpp,
@@ -445,6 +444,7 @@ TEST(CudaPlan, FusedPlansWidenTheStashingBlockByTheGKernelsWaves) {
                 .block_cols,
             12288);
 }
+#endif
 
 // Small problems whose first blocks are stashed (the plan test above has
 // the rule): N = 40, H = 16, V = 150 in tiles of 8 x 16 and blocks of 16 x

@@ -183,8 +183,9 @@ struct DlogitsRow {
   int y_col;  // the label's column in the tile, or -1
 
   __device__ DlogitsRow(const LossArgs& g, const RowInfo& info, int64_t j0, int cols)
-      : q(g, j0), lse(float(info.lse)), lse_offset(exp_offset(lse)), sbar(float(info.sbar)), coef_p(float(info.coef_p)),
-        coef_c(float(info.coef_c)), coef_h(float(info.coef_h)), label(float(info.label_coef)),
+      : q(g, j0), lse(float(info.lse)), lse_offset(exp_offset(lse)), sbar(float(info.sbar)),
+        coef_p(float(info.coef_p)), coef_c(float(info.coef_c)), coef_h(float(info.coef_h)),
+        label(float(info.label_coef)),
         y_col(info.y < 0 ? -1 : label_column(info.y, j0, cols)) {}
 
   // The score of raw logit u at column c.
