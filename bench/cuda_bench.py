@@ -5,7 +5,7 @@ GEMMs a step cannot avoid (one for a forward pass) and against PyTorch eager.
 
   PYTHONPATH=build-gpu/python python3 bench/cuda_bench.py [--json FILE]
       [--shapes gemma2,llama3,h1024] [--variants FLCE_CUDA_STASH=0,...] [--reps 10]
-      [--baseline OTHER_BUILD/python]
+      [--baseline OTHER_BUILD/python] [--back-to-back ROUNDS]
 
 Shapes (N x H x V): gemma2 8192 x 2304 x 256000 with softcap 30, llama3
 8192 x 4096 x 128256, h1024 16384 x 1024 x 128256. Every time is the median
@@ -29,6 +29,10 @@ another (the first flce call after the GEMMs measured 5-10% slower).
             ratios move by a few percent.
   eager     F.cross_entropy((x @ W.T).float(), y) (softcap applied as
             k tanh(z / k) for gemma2), loss.backward().
+--back-to-back ROUNDS also times each call but eager in runs of --reps
+calls back to back (3 warm-ups, events around each, median), the calls in
+turn, ROUNDS times: steps that follow one another as in training, and no
+eager step churning the allocator in between.
 Memory: the peak of torch.cuda.max_memory_allocated during the call minus
 what was allocated before it: gradients, outputs and (for flce) the
 workspace, which flce's Python layer takes from torch's allocator.
@@ -80,6 +84,23 @@ def time_all_ms(calls, reps):
         for name in order:
             times[name].append(event_ms(calls[name]))
     return {name: statistics.median(t) for name, t in times.items()}
+
+
+def time_back_to_back_ms(calls, reps, rounds):
+    """[{name: median ms}] per round: in each round every call in turn runs
+    3 warm-ups, then `reps` calls back to back with CUDA events around
+    each, so that a call runs under its own clocks and allocator state
+    rather than after whatever the shuffle put before it."""
+    results = []
+    for _ in range(rounds):
+        ms = {}
+        for name, fn in calls.items():
+            for _ in range(3):
+                fn()
+            torch.cuda.synchronize()
+            ms[name] = statistics.median(event_ms(fn) for _ in range(reps))
+        results.append(ms)
+    return results
 
 
 def parse_variant(text):
@@ -144,7 +165,7 @@ def module_and_env(variant):
     return (BASELINE, "") if variant == "baseline" else (flce, variant)
 
 
-def bench_shape(name, reps, variants):
+def bench_shape(name, reps, variants, back_to_back=0):
     n, h, v, softcap = SHAPES[name]
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(n, h, device="cuda", generator=g).to(torch.bfloat16)
@@ -189,6 +210,13 @@ def bench_shape(name, reps, variants):
     for var in variants:
         calls["step " + var] = run(var, step)
         calls["fwd " + var] = run(var, fwd)
+    if back_to_back:  # eager left out: its 15-39 GB steps are what this avoids
+        row["back_to_back"] = time_back_to_back_ms(calls, reps, back_to_back)
+        for k, b in enumerate(row["back_to_back"]):
+            gemm3 = b["gemm1"] + b["gemm_x"] + b["gemm_w"]
+            print(f"  {name} back to back, round {k + 1}: " + ", ".join(
+                f"{var or 'default'} step {b['step ' + var] / gemm3:.3f}x "
+                f"fwd {b['fwd ' + var] / b['gemm1']:.3f}x" for var in variants), flush=True)
     calls["eager"] = eager
     ms = time_all_ms(calls, reps)
     del logits, dl, gx, gw
@@ -256,6 +284,9 @@ def main():
                     help="also print torch.profiler's per-kernel GPU times of flce steps "
                          "and forwards at SHAPE, five of each back to back (where the time "
                          "over the GEMMs goes)")
+    ap.add_argument("--back-to-back", type=int, default=0, metavar="ROUNDS",
+                    help="also time each call (but eager) --reps times back to back, the "
+                         "calls in turn, ROUNDS times, and print those ratios too")
     ap.add_argument("--baseline", metavar="DIR",
                     help="also time the flce package in DIR (another build's python "
                          "directory) as the variant 'baseline', in the same rounds")
@@ -274,7 +305,7 @@ def main():
     for name in args.shapes.split(","):
         if name not in SHAPES:
             raise SystemExit(f"--shapes: {name!r} is not one of {', '.join(SHAPES)}")
-        rows.append(bench_shape(name, args.reps, variants))
+        rows.append(bench_shape(name, args.reps, variants, args.back_to_back))
     if args.profile:
         profile(args.profile)
     if args.json:
