@@ -104,9 +104,10 @@
 // exactly (bound 0).
 // p_ij = exp(logp_ij) has relative error
 //   relP_ij = dlogp_ij + kappa u_a + u_a (|s_ij| + |lse_i|)
-// (the last term: an exponent formed as one FMA s log2(e) - lse log2(e)
-// adds u |lse| for the rounded offset and u |s - lse| for log2(e)'s
-// rounding to the roundings rho counts), so
+// (the last term: with the exponent formed as one FMA s log2(e) - o,
+// o = lse log2(e) rounded, the FMA's rounding is one of the two rho counts;
+// the other's share of rho and this term, 2 u (|s| + |lse|) together,
+// cover o's rounding, u |lse|, and log2(e)'s, u |s - lse|), so
 //   dp_ij = p_ij relP_ij + tiny(u_a)   (~ p (2 Delta + gamma_V) of the notes;
 //                                       tiny: exp underflowing to 0).
 //
