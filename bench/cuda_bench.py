@@ -5,7 +5,7 @@ GEMMs a step cannot avoid (one for a forward pass) and against PyTorch eager.
 
   PYTHONPATH=build-gpu/python python3 bench/cuda_bench.py [--json FILE]
       [--shapes gemma2,llama3,h1024] [--variants FLCE_CUDA_STASH=0,...] [--reps 10]
-      [--baseline OTHER_BUILD/python] [--back-to-back ROUNDS]
+      [--baseline OTHER_BUILD/python] [--back-to-back ROUNDS] [--steady SECONDS]
 
 Shapes (N x H x V): gemma2 8192 x 2304 x 256000 with softcap 30, llama3
 8192 x 4096 x 128256, h1024 16384 x 1024 x 128256. Every time is the median
@@ -32,7 +32,9 @@ another (the first flce call after the GEMMs measured 5-10% slower).
 --back-to-back ROUNDS also times each call but eager in runs of --reps
 calls back to back (3 warm-ups, events around each, median), the calls in
 turn, ROUNDS times: steps that follow one another as in training, and no
-eager step churning the allocator in between.
+eager step churning the allocator in between. --steady SECONDS runs the
+GEMM and each forward alone in a loop for that long and reports the time
+it settles at, with nvidia-smi's clock and power over the same span.
 Memory: the peak of torch.cuda.max_memory_allocated during the call minus
 what was allocated before it: gradients, outputs and (for flce) the
 workspace, which flce's Python layer takes from torch's allocator.
@@ -44,7 +46,9 @@ import json
 import os
 import random
 import statistics
+import subprocess
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -101,6 +105,46 @@ def time_back_to_back_ms(calls, reps, rounds):
             ms[name] = statistics.median(event_ms(fn) for _ in range(reps))
         results.append(ms)
     return results
+
+
+def smi_samples(period_ms):
+    """A running `nvidia-smi` sampling GPU 0's SM clock (MHz), power (W) and
+    clock event reasons every period_ms, or None where there is none."""
+    try:
+        return subprocess.Popen(
+            ["nvidia-smi", "-i", "0", "--format=csv,noheader,nounits", "-lms", str(period_ms),
+             "--query-gpu=clocks.sm,power.draw,clocks_event_reasons.active"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    except OSError:
+        return None
+
+
+def time_steady_ms(calls, seconds):
+    """{name: (mean ms, clock MHz, watts, power-capped share)} of each call
+    run alone in a loop for `seconds` after a 1 s idle: the calls of the
+    last third, and nvidia-smi's samples over it (None without nvidia-smi).
+    What the GPU ran just before moves a call's time; this is the time it
+    settles at."""
+    out = {}
+    for name, fn in calls.items():
+        torch.cuda.synchronize()
+        time.sleep(1.0)
+        smi = smi_samples(50)
+        start, times = time.time(), []
+        while time.time() - start < seconds:
+            times.append((time.time() - start, event_ms(fn)))
+        last = [ms for t, ms in times if t >= seconds * 2 / 3]
+        clock = watts = capped = None
+        if smi is not None:
+            smi.terminate()
+            rows = [r.split(",") for r in smi.communicate()[0].split("\n") if r.count(",") == 2]
+            rows = rows[len(rows) * 2 // 3:]
+            if rows:
+                clock = statistics.mean(float(r[0]) for r in rows)
+                watts = statistics.mean(float(r[1]) for r in rows)
+                capped = sum(1 for r in rows if int(r[2], 16) & 0x4) / len(rows)  # SW power cap
+        out[name] = (statistics.mean(last), clock, watts, capped)
+    return out
 
 
 def parse_variant(text):
@@ -165,7 +209,7 @@ def module_and_env(variant):
     return (BASELINE, "") if variant == "baseline" else (flce, variant)
 
 
-def bench_shape(name, reps, variants, back_to_back=0):
+def bench_shape(name, reps, variants, back_to_back=0, steady=0.0):
     n, h, v, softcap = SHAPES[name]
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(n, h, device="cuda", generator=g).to(torch.bfloat16)
@@ -217,6 +261,15 @@ def bench_shape(name, reps, variants, back_to_back=0):
             print(f"  {name} back to back, round {k + 1}: " + ", ".join(
                 f"{var or 'default'} step {b['step ' + var] / gemm3:.3f}x "
                 f"fwd {b['fwd ' + var] / b['gemm1']:.3f}x" for var in variants), flush=True)
+    if steady:
+        alone = {"gemm1": calls["gemm1"], **{"fwd " + var: calls["fwd " + var] for var in variants}}
+        row["steady"] = time_steady_ms(alone, steady)
+        for call, (ms_, clock, watts, capped) in row["steady"].items():
+            smi = (f", SM clock {clock:.0f} MHz, {watts:.0f} W, power-capped {100 * capped:.0f}%"
+                   if clock is not None else "")
+            ratio = ms_ / row["steady"]["gemm1"][0]
+            print(f"  {name} {call.strip()} alone for {steady:g} s: {ms_:.2f} ms ({ratio:.3f}x gemm1){smi}",
+                  flush=True)
     calls["eager"] = eager
     ms = time_all_ms(calls, reps)
     del logits, dl, gx, gw
@@ -287,6 +340,10 @@ def main():
     ap.add_argument("--back-to-back", type=int, default=0, metavar="ROUNDS",
                     help="also time each call (but eager) --reps times back to back, the "
                          "calls in turn, ROUNDS times, and print those ratios too")
+    ap.add_argument("--steady", type=float, default=0.0, metavar="SECONDS",
+                    help="also run the GEMM and each variant's forward alone in a loop for "
+                         "SECONDS and print the time they settle at (last third), with "
+                         "nvidia-smi's SM clock, power and power-cap share")
     ap.add_argument("--baseline", metavar="DIR",
                     help="also time the flce package in DIR (another build's python "
                          "directory) as the variant 'baseline', in the same rounds")
@@ -305,7 +362,7 @@ def main():
     for name in args.shapes.split(","):
         if name not in SHAPES:
             raise SystemExit(f"--shapes: {name!r} is not one of {', '.join(SHAPES)}")
-        rows.append(bench_shape(name, args.reps, variants, args.back_to_back))
+        rows.append(bench_shape(name, args.reps, variants, args.back_to_back, args.steady))
     if args.profile:
         profile(args.profile)
     if args.json:
