@@ -24,19 +24,30 @@ double gamma(double n, double u) {
   return nu >= 1.0 ? std::numeric_limits<double>::infinity() : nu / (1.0 - nu);
 }
 
-double tiny(double u) {
-  if (u <= 0x1p-53) return 0x1p-1074;  // f64
-  if (u <= 0x1p-24) return 0x1p-149;   // f32
-  if (u <= 0x1p-11) return 0x1p-24;    // f16
-  return 0x1p-133;                     // bf16
+namespace {
+
+// A floating format by its unit roundoff: smallest subnormal and normal.
+struct Format {
+  double u, tiny, normal;
+};
+constexpr Format kFormats[] = {
+    {0x1p-53, 0x1p-1074, 0x1p-1022},  // f64
+    {0x1p-24, 0x1p-149, 0x1p-126},    // f32
+    {0x1p-11, 0x1p-24, 0x1p-14},      // f16
+    {0x1p-8, 0x1p-133, 0x1p-126},     // bf16
+};
+
+const Format& format_of(double u) {
+  for (const Format& f : kFormats)
+    if (u <= f.u) return f;
+  return kFormats[3];  // coarser than bf16: bf16's range
 }
 
-double smallest_normal(double u) {
-  if (u <= 0x1p-53) return 0x1p-1022;  // f64
-  if (u <= 0x1p-24) return 0x1p-126;   // f32
-  if (u <= 0x1p-11) return 0x1p-14;    // f16
-  return 0x1p-126;                     // bf16
-}
+}  // namespace
+
+double tiny(double u) { return format_of(u).tiny; }
+
+double smallest_normal(double u) { return format_of(u).normal; }
 
 Precision Precision::float64(flce::Dtype out) {
   Precision p;

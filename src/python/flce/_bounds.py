@@ -30,26 +30,24 @@ def gamma(n, u):
     return math.inf if nu >= 1.0 else nu / (1.0 - nu)
 
 
+# The floating formats by unit roundoff: (u, smallest subnormal, smallest
+# normal) for f64, f32, f16, bf16; a coarser u takes bf16's range.
+_FORMATS = ((2.0**-53, 2.0**-1074, 2.0**-1022), (2.0**-24, 2.0**-149, 2.0**-126),
+            (2.0**-11, 2.0**-24, 2.0**-14), (2.0**-8, 2.0**-133, 2.0**-126))
+
+
+def _format_of(u):
+    return next((f for f in _FORMATS if u <= f[0]), _FORMATS[-1])
+
+
 def tiny(u):
     """Smallest positive subnormal of the format with unit roundoff u."""
-    if u <= 2.0**-53:
-        return 2.0**-1074
-    if u <= 2.0**-24:
-        return 2.0**-149
-    if u <= 2.0**-11:
-        return 2.0**-24
-    return 2.0**-133
+    return _format_of(u)[1]
 
 
 def smallest_normal(u):
     """Smallest positive normal of that format (section 6's p underflow)."""
-    if u <= 2.0**-53:
-        return 2.0**-1022
-    if u <= 2.0**-24:
-        return 2.0**-126
-    if u <= 2.0**-11:
-        return 2.0**-14
-    return 2.0**-126
+    return _format_of(u)[2]
 
 
 def pw(p, q):
