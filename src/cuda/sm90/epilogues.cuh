@@ -1,8 +1,8 @@
 // src/cuda/sm90/epilogues.cuh: what gemm_rows_kernel's consumer threads do
 // with their accumulators (internal): StoreF32 (the plain product), States
 // (pass 1's softmax states and stash) and Dlogits (pass 2's G). Each has a
-// Thread built per consumer thread and unit (gemm_rows.cuh), whose subtile()
-// takes each accumulator block and end() runs after the unit's last.
+// Thread built once per consumer thread, whose subtile() takes each
+// accumulator block and end() runs after the last.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -277,6 +277,7 @@ struct States {
           states[(row.i - state_r0) * tiles + t] =
               TileState{st.max, st.sum_exp, st.sum_exp_s, st.sum_cs, st.argmax, st.first_nan};
       }
+      if (stash_tma) finish_staged_stores();
     }
   };
 };
@@ -402,7 +403,9 @@ struct Dlogits {
         }
       }
     }
-    __device__ void end() {}
+    __device__ void end() {
+      if (tma) finish_staged_stores();
+    }
   };
 };
 

@@ -2,20 +2,15 @@
 // launch (internal; included by the sm90 .cu files, each of which compiles
 // some of its epilogues, so that nvcc builds them in parallel).
 //
-// A unit of work is 128 rows and a run of classes (one score tile's in pass
-// 1, score_gemms.cu's kDlogitsChunk in pass 2). A block of 384 threads stays
-// on its SM and takes units blockIdx.x, + gridDim.x, ... (one block per SM;
-// place_block orders them), 256 classes at a time:
+// A block of 384 threads owns 128 rows and a run of classes (one score
+// tile's in pass 1, score_gemms.cu's kDlogitsChunk in pass 2), 256 at a time:
 //   warpgroup 0     the producer: one thread issues TMA loads of x's
 //                   [128 x 64] and W's [256 x 64] slices into a ring of
 //                   kStages shared-memory stages (128-byte swizzle);
 //   warpgroups 1-2  the consumers: 64 rows each, a [64 x 256] f32
 //                   accumulator in registers (wgmma m64n256k16, 128 floats
 //                   a thread), then the epilogue (States, Dlogits or
-//                   StoreF32) works on them, and the next 256 classes begin,
-//                   the unit's or the next unit's. Staying on the SM, the
-//                   producer fills the ring for the next unit during the
-//                   last epilogue of a unit, as it does between subtiles.
+//                   StoreF32) works on them, and the next 256 classes begin.
 //                   An epilogue may ask for Epilogue::kStagingBytes of
 //                   shared memory per consumer (Dlogits stages G there for
 //                   TMA stores).
@@ -29,12 +24,10 @@
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <string>
 
 #include "cuda/sm90/score_gemms.h"
-#include "cuda/sm90/staged_store.cuh"
 #include "cuda/sm90/wgmma.cuh"
 #include "flce/flce.h"
 
@@ -46,7 +39,6 @@ constexpr int kCols = 256;             // classes per accumulator (the wgmma's N
 static_assert(kCols == kStashRefCols, "one stash ref per subtile");
 constexpr int kDepth = 64;             // K per stage: one 128-byte swizzle row of 16-bit values
 constexpr int kStages = 4;
-static_assert((kStages & (kStages - 1)) == 0, "stage counters wrap at 2^32 consistently");
 constexpr int kThreads = 384;
 constexpr int kConsumerWarps = 8;
 constexpr uint32_t kStageBytesA = kRows * kDepth * 2;  // 16 KiB
@@ -65,54 +57,35 @@ constexpr size_t shared_bytes() {
   return bytes;
 }
 
-// The units of a launch (place_block gives unit u's row block r and chunk
-// c): rows [row0 + 128 r, +128) clipped to row_end, classes
+// Where a block works (place_block gives its row block r and chunk c):
+// rows [row0 + 128 r, +128) clipped to row_end, classes
 // [col0 + chunk c, +chunk) clipped to v.
 struct Grid {
   int64_t row0, row_end, col0, chunk, v;
   int k_tiles;
-  // launch() sets these: row blocks per group (place_block), and the counts.
-  int group_rows = 1;
-  int64_t row_blocks = 0, chunks = 0;
-  __host__ __device__ int64_t units() const { return row_blocks * chunks; }
+  int group_rows = 1;  // row blocks per group (place_block); launch() sets it
 };
 
 // x's bytes that a group of row blocks reads, at most (place_block).
 constexpr int64_t kGroupBytes = int64_t(16) << 20;
 
-// Which row block and chunk unit u is. The units run in groups of
-// grid.group_rows row blocks, all chunks of a group before the next (the
-// blocks take consecutive units): the units in flight read one group's rows
-// of x (kGroupBytes, so
+// Which row block and chunk the block of blockIdx works on. The blocks run
+// in groups of grid.group_rows row blocks, all chunks of a group before the
+// next: the blocks in flight read one group's rows of x (kGroupBytes, so
 // that they stay in L2) and the chunks of W they share. Row blocks fastest
 // over the whole grid instead (x up to 38 MB at the Gemma-2 head, beside
 // W's tiles) read 20.6 GB from DRAM for a 1.2 GB W in a Gemma-2 forward
 // under Nsight Compute (grouped: 6.3; cuBLAS: 7.5) in the same time at its
 // locked clocks, but pass 1 took 2-4% longer at the two large heads without
 // them (H200, torch.profiler, two rounds): fewer DRAM bytes buy clock.
-inline __device__ void place_block(const Grid& grid, int64_t u, int64_t* row_block,
-                                   int64_t* chunk) {
-  const int64_t per_group = int64_t(grid.group_rows) * grid.chunks;
-  const int64_t first = u / per_group * grid.group_rows;
-  const int64_t rows =
-      grid.row_blocks - first < grid.group_rows ? grid.row_blocks - first : grid.group_rows;
-  *row_block = first + u % per_group % rows;
-  *chunk = u % per_group / rows;
+inline __device__ void place_block(const Grid& grid, int64_t* row_block, int64_t* chunk) {
+  const int64_t id = blockIdx.x + int64_t(gridDim.x) * blockIdx.y;
+  const int64_t per_group = int64_t(grid.group_rows) * gridDim.y;
+  const int64_t first = id / per_group * grid.group_rows;
+  const int64_t rows = gridDim.x - first < grid.group_rows ? gridDim.x - first : grid.group_rows;
+  *row_block = first + id % per_group % rows;
+  *chunk = id % per_group / rows;
 }
-
-// Unit u's rows and classes.
-struct Unit {
-  int64_t chunk, m0, c_begin, c_end;
-  int subtiles;
-  __device__ Unit(const Grid& grid, int64_t u) {
-    int64_t row_block;
-    place_block(grid, u, &row_block, &chunk);
-    m0 = grid.row0 + row_block * kRows;
-    c_begin = grid.col0 + chunk * grid.chunk;
-    c_end = c_begin + grid.chunk < grid.v ? c_begin + grid.chunk : grid.v;
-    subtiles = int((c_end - c_begin + kCols - 1) / kCols);
-  }
-};
 
 // ---- the kernel ----------------------------------------------------------------
 
@@ -142,23 +115,26 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
 
+  int64_t row_block, chunk;
+  place_block(grid, &row_block, &chunk);
+  const int64_t m0 = grid.row0 + row_block * kRows;
+  const int64_t c_begin = grid.col0 + chunk * grid.chunk;
+  const int64_t c_end = c_begin + grid.chunk < grid.v ? c_begin + grid.chunk : grid.v;
+  const int subtiles = int((c_end - c_begin + kCols - 1) / kCols);
+
   if (warpgroup == 0) {  // the producer
     registers_release<24>();
     if (tid != 0) return;
-    uint32_t it = 0;  // stages so far, over every unit of the block
-    for (int64_t u = blockIdx.x; u < grid.units(); u += gridDim.x) {
-      const Unit unit(grid, u);
-      for (int sub = 0; sub < unit.subtiles; ++sub) {
-        const int n0 = int(unit.c_begin + int64_t(sub) * kCols);
-        for (int kt = 0; kt < grid.k_tiles; ++kt, ++it) {
-          const int stage = it % kStages;
-          const uint32_t round = it / kStages;
-          barrier_wait(&empty[stage], (round & 1) ^ 1);
-          barrier_arrive_expect(&full[stage], kStageBytesA + kStageBytesB);
-          tma_load_2d(a_stages + stage * kStageBytesA, &x_map, &full[stage], kt * kDepth,
-                      int(unit.m0));
-          tma_load_2d(b_stages + stage * kStageBytesB, &w_map, &full[stage], kt * kDepth, n0);
-        }
+    int it = 0;
+    for (int sub = 0; sub < subtiles; ++sub) {
+      const int n0 = int(c_begin + int64_t(sub) * kCols);
+      for (int kt = 0; kt < grid.k_tiles; ++kt, ++it) {
+        const int stage = it % kStages;
+        const uint32_t round = it / kStages;
+        barrier_wait(&empty[stage], (round & 1) ^ 1);
+        barrier_arrive_expect(&full[stage], kStageBytesA + kStageBytesB);
+        tma_load_2d(a_stages + stage * kStageBytesA, &x_map, &full[stage], kt * kDepth, int(m0));
+        tma_load_2d(b_stages + stage * kStageBytesB, &w_map, &full[stage], kt * kDepth, n0);
       }
     }
     return;
@@ -166,50 +142,39 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   registers_claim<240>();
   const int consumer = warpgroup - 1, warp = tid / 32, lane = tid % 32;
-  uint8_t* my_staging = staging + consumer * Epilogue::kStagingBytes;
-  uint32_t it = 0;
-  for (int64_t u = blockIdx.x; u < grid.units(); u += gridDim.x) {
-    const Unit unit(grid, u);
-    typename Epilogue::Thread out(epi, grid, unit.m0 + 64 * consumer + 16 * warp + lane / 4,
-                                  unit.c_begin, unit.chunk, my_staging);
-    for (int sub = 0; sub < unit.subtiles; ++sub) {
-      const int64_t n0 = unit.c_begin + int64_t(sub) * kCols;
-      float d[128];
+  typename Epilogue::Thread out(epi, grid, m0 + 64 * consumer + 16 * warp + lane / 4, c_begin,
+                                chunk, staging + consumer * Epilogue::kStagingBytes);
+  int it = 0;
+  for (int sub = 0; sub < subtiles; ++sub) {
+    const int64_t n0 = c_begin + int64_t(sub) * kCols;
+    float d[128];
 #pragma unroll
-      for (int r = 0; r < 128; ++r) d[r] = 0.0f;
-      int previous = -1;
-      for (int kt = 0; kt < grid.k_tiles; ++kt, ++it) {
-        const int stage = it % kStages;
-        barrier_wait(&full[stage], (it / kStages) & 1);
-        const uint64_t desc_a =
-            swizzled_k_major_desc(a_stages + stage * kStageBytesA + consumer * 64 * 128);
-        const uint64_t desc_b = swizzled_k_major_desc(b_stages + stage * kStageBytesB);
-        wgmma_fence();
+    for (int r = 0; r < 128; ++r) d[r] = 0.0f;
+    int previous = -1;
+    for (int kt = 0; kt < grid.k_tiles; ++kt, ++it) {
+      const int stage = it % kStages;
+      barrier_wait(&full[stage], (it / kStages) & 1);
+      const uint64_t desc_a =
+          swizzled_k_major_desc(a_stages + stage * kStageBytesA + consumer * 64 * 128);
+      const uint64_t desc_b = swizzled_k_major_desc(b_stages + stage * kStageBytesB);
+      wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < kDepth / 16; ++kk)  // +32 bytes = +2 in the address field
-          wgmma_m64n256k16<kHalf>(d, desc_a + 2 * kk, desc_b + 2 * kk, 1);
-        wgmma_commit();
-        wgmma_wait<1>();  // the previous stage's products are done: release it
-        if (previous >= 0 && lane == 0) barrier_arrive(&empty[previous]);
-        previous = stage;
-      }
-      wgmma_wait<0>();
+      for (int kk = 0; kk < kDepth / 16; ++kk)  // +32 bytes = +2 in the address field
+        wgmma_m64n256k16<kHalf>(d, desc_a + 2 * kk, desc_b + 2 * kk, 1);
+      wgmma_commit();
+      wgmma_wait<1>();  // the previous stage's products are done: release it
       if (previous >= 0 && lane == 0) barrier_arrive(&empty[previous]);
-      out.subtile(d, n0, int(unit.c_end - n0));
+      previous = stage;
     }
-    out.end();
+    wgmma_wait<0>();
+    if (previous >= 0 && lane == 0) barrier_arrive(&empty[previous]);
+    out.subtile(d, n0, int(c_end - n0));
   }
-  // The staged stores of every unit have read their shared memory and
-  // written global memory before the block ends (staged_store.cuh).
-  if (Epilogue::kStagingBytes > 0) finish_staged_stores();
+  out.end();
 #endif
 }
 
 // ---- host side ------------------------------------------------------------
-
-// The SMs of CUDA device `device` (132, an H100's, where it cannot be asked):
-// a launch runs one block per SM at most.
-int device_sm_count(int device);
 
 // The TMA map of a [rows, H] matrix of 16-bit values with unit column stride,
 // read in [box_rows x 64] boxes (score_gemms.cu).
@@ -232,15 +197,14 @@ std::string launch(const Tensor& x, const Tensor& w, const Grid& grid, const Epi
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            int(kSharedBytes)) != cudaSuccess)
     return std::string("gemm_rows_kernel: ") + cudaGetErrorString(cudaGetLastError());
+  const int64_t row_blocks = (grid.row_end - grid.row0 + kRows - 1) / kRows;
+  const int64_t chunks = (grid.v - grid.col0 + grid.chunk - 1) / grid.chunk;
+  if (row_blocks <= 0 || chunks <= 0) return "";
   Grid placed = grid;
-  placed.row_blocks = (grid.row_end - grid.row0 + kRows - 1) / kRows;
-  placed.chunks = (grid.v - grid.col0 + grid.chunk - 1) / grid.chunk;
-  if (placed.row_blocks <= 0 || placed.chunks <= 0) return "";
   const int64_t group = kGroupBytes / (kRows * x.shape[1] * 2);
-  placed.group_rows =
-      int(group < 1 ? 1 : group < placed.row_blocks ? group : placed.row_blocks);
-  const int64_t blocks = std::min<int64_t>(placed.units(), device_sm_count(x.device_index));
-  kernel<<<unsigned(blocks), kThreads, kSharedBytes, stream>>>(x_map, w_map, placed, epi);
+  placed.group_rows = int(group < 1 ? 1 : group < row_blocks ? group : row_blocks);
+  kernel<<<dim3(unsigned(row_blocks), unsigned(chunks)), kThreads, kSharedBytes, stream>>>(
+      x_map, w_map, placed, epi);
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? "" : std::string("gemm_rows_kernel: ") + cudaGetErrorString(e);
 }

@@ -175,17 +175,16 @@ std::string fused_declines(const Problem& p) {
   return "";
 }
 
-int device_sm_count(int device) {
+int sm_count(const Problem& p) {
   int sms = 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.x.device_index) !=
+          cudaSuccess ||
       sms <= 0) {
     cudaGetLastError();
     return 132;
   }
   return sms;
 }
-
-int sm_count(const Problem& p) { return device_sm_count(p.x.device_index); }
 
 std::string gemm_states(const LossArgs& args, const Tensor& x, const Tensor& w, int64_t r0,
                         int64_t rows, int64_t t0, int64_t t1, int64_t tile_cols, int64_t tiles,
