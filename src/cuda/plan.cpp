@@ -19,7 +19,8 @@ constexpr int64_t kTileRows = 4096, kTileCols = 4096;
 // gradient block, whole tiles wide, that fills its 192 MiB (6144 classes,
 // against 4096). Against 4096 x 4096 in five H100 runs: the H = 1024 step
 // 3.9-4.4% faster in three of them, the Llama-3 forward faster in all five,
-// Gemma-2 within the noise (README, "Two changes of that day").
+// Gemma-2 within the noise (bench/results/cuda-h100-history.md, "Two
+// changes of that day").
 constexpr int64_t kFusedTileCols = 2048;
 constexpr size_t kBlockBytes = size_t(192) << 20;  // the G block
 constexpr size_t kStateBytes = size_t(64) << 20;   // pass 1's tile states
