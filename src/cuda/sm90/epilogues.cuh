@@ -1,12 +1,8 @@
 // src/cuda/sm90/epilogues.cuh: what gemm_rows_kernel's consumer threads do
 // with their accumulators (internal): StoreF32 (the plain product), States
 // (pass 1's softmax states and stash) and Dlogits (pass 2's G). Each has a
-// Thread built once per consumer thread, whose part<0>() and part<1>() take
-// the two 128-class halves of each accumulator block in turn (the kernel
-// runs the next block's first-half products under part<1>; gemm_rows.cuh),
-// and end() runs after the last. One whose kSplit is false takes the whole
-// block at once in subtile() (States with a stash: a code's ref is the max
-// over all 256 classes).
+// Thread built once per consumer thread, whose subtile() takes each
+// accumulator block and end() runs after the last.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -22,13 +18,7 @@
 namespace flce::cuda::sm90 {
 
 // A consumer thread holds rows row_a = 16 warp + lane/4 and row_a + 8 of its
-// warpgroup's 64, columns 8 j + 2 (lane % 4) + {0, 1} for j < 32 (wgmma.cuh):
-// register r = 4 j + 2 h + k holds row h's column 8 j + 2 quad + k. Part p
-// (a 128-class half) is j in [16 p, 16 p + 16), registers [64 p, 64 p + 64).
-template <int kPart>
-constexpr int kPartR0 = 64 * kPart;
-template <int kPart>
-constexpr int kPartR1 = 64 * kPart + 64;
+// warpgroup's 64, columns 8 j + 2 (lane % 4) + {0, 1} for j < 32 (wgmma.cuh).
 
 inline __device__ int column_of(int r, int quad) { return 8 * (r / 4) + 2 * quad + (r & 1); }
 
@@ -43,33 +33,29 @@ inline __device__ uint32_t pair_bits(const __half*, float a, float b) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// A thread's packed 16-bit pairs j = kJ0, kJ0 + 1, ... of a row to
-// p[8 j + 2 quad] (4-byte aligned), after all are packed: packing each into
-// one temporary right before its store made every pack wait until the
-// previous store had read it.
-template <int kJ0 = 0, typename T16, int kPairs>
-inline __device__ void store_packed_pairs(T16* p, int quad, const uint32_t (&packed)[kPairs]) {
+// A thread's row of 32 packed 16-bit pairs to p[8 j + 2 quad] (4-byte
+// aligned), after all are packed: packing each into one temporary right
+// before its store made every pack wait until the previous store had read it.
+template <typename T16>
+inline __device__ void store_packed_pairs(T16* p, int quad, const uint32_t (&packed)[32]) {
   static_assert(sizeof(T16) == 2, "pairs of 16-bit values");
 #pragma unroll
-  for (int j = 0; j < kPairs; ++j)
-    *reinterpret_cast<uint32_t*>(p + 8 * (kJ0 + j) + 2 * quad) = packed[j];
+  for (int j = 0; j < 32; ++j) *reinterpret_cast<uint32_t*>(p + 8 * j + 2 * quad) = packed[j];
 }
 
 // s = k tanh(z / k) in place over a consumer warp's subtile: the short
 // polynomial (softcap_small.h) when every |z| of the warp is within its range
 // (one vote, so the warp takes one path; a NaN z passes as NaN), else tanhf.
-// Registers [kR0, kR1) only (a part, or the whole block).
-template <int kR0 = 0, int kR1 = 128>
 inline __device__ void softcap_subtile(float (&d)[128], const TileParams& q) {
   float m = 0.0f;
 #pragma unroll
-  for (int r = kR0; r < kR1; ++r) m = fmaxf(m, fabsf(d[r]));
+  for (int r = 0; r < 128; ++r) m = fmaxf(m, fabsf(d[r]));
   if (__all_sync(0xffffffffu, m <= q.small_z)) {
 #pragma unroll
-    for (int r = kR0; r < kR1; ++r) d[r] = softcap_small(d[r], q.inv_k);
+    for (int r = 0; r < 128; ++r) d[r] = softcap_small(d[r], q.inv_k);
   } else {
 #pragma unroll
-    for (int r = kR0; r < kR1; ++r) d[r] = q.k * tanhf(d[r] * q.inv_k);
+    for (int r = 0; r < 128; ++r) d[r] = q.k * tanhf(d[r] * q.inv_k);
   }
 }
 
@@ -85,11 +71,9 @@ struct StoreF32 {
     int quad;
     __device__ Thread(const StoreF32& e, const Grid& g, int64_t row_a, int64_t, int64_t, uint8_t*)
         : c(e.c), ldc(e.ldc), row_a(row_a), row_end(g.row_end), quad(threadIdx.x % 4) {}
-    static constexpr bool kSplit = true;
-    template <int kPart>
-    __device__ void part(float (&d)[128], int64_t n0, int limit) {
+    __device__ void subtile(float (&d)[128], int64_t n0, int limit) {
 #pragma unroll
-      for (int r = kPartR0<kPart>; r < kPartR1<kPart>; ++r) {
+      for (int r = 0; r < 128; ++r) {
         const int64_t i = row_a + ((r >> 1) & 1) * 8;
         const int col = column_of(r, quad);
         if (i < row_end && col < limit) c[i * ldc + n0 + col] = d[r];
@@ -147,35 +131,21 @@ struct States {
       }
     }
 
-    // Halves, unless the stash needs a whole block's max for its ref.
-    static constexpr bool kSplit = !kStash;
-
-    // Scores in place of the raw logits in registers [kR0, kR1); classes
-    // past the chunk are -inf.
-    template <int kR0, int kR1>
-    __device__ void scores(float (&d)[128], int64_t n0, int limit) {
+    // Scores in place of the raw logits; classes past the chunk are -inf.
+    __device__ void subtile(float (&d)[128], int64_t n0, int limit) {
       if (!kRaw) {
 #pragma unroll
-        for (int r = kR0; r < kR1; ++r) d[r] = q.z(d[r], int(n0) + column_of(r, quad));
+        for (int r = 0; r < 128; ++r) d[r] = q.z(d[r], int(n0) + column_of(r, quad));
       }
-      if (kSoftcap) softcap_subtile<kR0, kR1>(d, q);
+      if (kSoftcap) softcap_subtile(d, q);
       if (limit < kCols) {
 #pragma unroll
-        for (int r = kR0; r < kR1; ++r)
+        for (int r = 0; r < 128; ++r)
           if (column_of(r, quad) >= limit) d[r] = -kInf;
       }
-    }
-    template <int kPart>
-    __device__ void part(float (&d)[128], int64_t n0, int limit) {
-      scores<kPartR0<kPart>, kPartR1<kPart>>(d, n0, limit);
-      fold<kPartR0<kPart>, kPartR1<kPart>>(rows[0], d, 0, n0, limit);
-      fold<kPartR0<kPart>, kPartR1<kPart>>(rows[1], d, 1, n0, limit);
-    }
-    __device__ void subtile(float (&d)[128], int64_t n0, int limit) {
-      scores<0, 128>(d, n0, limit);
       if (kStash) stash_subtile(d, n0, limit);
-      fold<0, 128>(rows[0], d, 0, n0, limit);
-      fold<0, 128>(rows[1], d, 1, n0, limit);
+      fold(rows[0], d, 0, n0, limit);
+      fold(rows[1], d, 1, n0, limit);
     }
 
     // The subtile's codes f16(ref - s), ref = shift_of(the row's max over
@@ -233,14 +203,12 @@ struct States {
       }
     }
 
-    // Folds row h's scores in registers [kR0, kR1) (its 64 of the subtile,
-    // or of a part, 32): one group max and at most one rescale, then the
-    // sums in column order.
-    template <int kR0, int kR1>
+    // Folds row h's 64 scores of this subtile: one group max and at most one
+    // rescale, then the sums in column order.
     __device__ void fold(Row& row, const float (&d)[128], int h, int64_t n0, int limit) {
       float group_max = -kInf;
 #pragma unroll
-      for (int j = kR0 / 4; j < kR1 / 4; ++j)
+      for (int j = 0; j < 32; ++j)
         group_max = fmaxf(group_max, fmaxf(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]));
       if (group_max > row.max) {
         const float f = row.max == -kInf ? 0.0f : exp_of(shift_of(row.max) - shift_of(group_max));
@@ -251,7 +219,7 @@ struct States {
       }
       const float offset = exp_offset(shift_of(row.max));
 #pragma unroll
-      for (int r = kR0 + 2 * h; r < kR1; r += 4) {
+      for (int r = 2 * h; r < 128; r += 4) {
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
           const float s = d[r + k];
@@ -270,25 +238,25 @@ struct States {
       const int base = int(n0 - c_begin);
       if (kArgmax && group_max == row.max && row.arg_c < 0) {  // the first column wins
 #pragma unroll
-        for (int r = kR1 - 1 - (1 - h) * 2; r >= kR0; r -= 4) {
+        for (int r = 127 - (1 - h) * 2; r >= 0; r -= 4) {
           if (d[r] == row.max && column_of(r, quad) < limit)
             row.arg_c = base + column_of(r, quad);
           if (d[r - 1] == row.max && column_of(r - 1, quad) < limit)
             row.arg_c = base + column_of(r - 1, quad);
         }
       }
-      // The label is in these columns and this chunk (a subtile may reach
+      // The label is in this subtile and this chunk (a subtile may reach
       // into the next chunk, whose block owns those classes).
-      if (row.y >= n0 + 2 * kR0 && row.y - n0 < limit && row.y - n0 < 2 * kR1) {
+      if (row.y >= n0 && row.y - n0 < limit && row.y - n0 < kCols) {
         const int y_col = int(row.y - n0);
 #pragma unroll
-        for (int r = kR0 + 2 * h; r < kR1; r += 4)
+        for (int r = 2 * h; r < 128; r += 4)
 #pragma unroll
           for (int k = 0; k < 2; ++k)
             if (column_of(r + k, quad) == y_col) info[row.i].s_y = d[r + k];
       }
       if (row.nan_c < 0 && isnan(row.sum_exp)) {  // a NaN score: its first column
-        for (int r = kR0 + 2 * h; r < kR1 && row.nan_c < 0; r += 4)
+        for (int r = 2 * h; r < 128 && row.nan_c < 0; r += 4)
           for (int k = 0; k < 2 && row.nan_c < 0; ++k)
             if (isnan(d[r + k])) row.nan_c = base + column_of(r + k, quad);
       }
@@ -348,20 +316,14 @@ struct Dlogits {
           out(e.out), ld(e.ld), r0(e.r0), j0(e.j0), row_a(row_a), row_end(grid.row_end),
           quad(threadIdx.x % 4), tma(kStaged && e.tma), map(&e.g_map), staging(staging) {}
 
-    static constexpr bool kSplit = true;
-
-    // G in place of part kPart's scores, and stored.
-    template <int kPart>
-    __device__ void part(float (&d)[128], int64_t n0, int limit) {
-      constexpr int kR0 = kPartR0<kPart>, kR1 = kPartR1<kPart>;
-      // The scores in place (Row::score's formula, a warp's part at once).
+    __device__ void subtile(float (&d)[128], int64_t n0, int limit) {
+      // The scores in place (Row::score's formula, a warp's subtile at once).
       const TileParams& q = rows[0].q;
       if (kForm == kGeneral) {
 #pragma unroll
-        for (int r = kR0; r < kR1; ++r) d[r] = q.z(d[r], int(n0) + column_of(r, quad));
+        for (int r = 0; r < 128; ++r) d[r] = q.z(d[r], int(n0) + column_of(r, quad));
       }
-      if (kForm == kPlainSoftcap || (kForm == kGeneral && q.k > 0))
-        softcap_subtile<kR0, kR1>(d, q);
+      if (kForm == kPlainSoftcap || (kForm == kGeneral && q.k > 0)) softcap_subtile(d, q);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int64_t i = row_a + 8 * h;
@@ -370,41 +332,41 @@ struct Dlogits {
         // The label's column, when this thread holds it: once per row, so
         // the branch is rarely taken and the loop below has no label test.
         const int y = row.y_col < 0 ? -1 : int(row.y_col - n0);  // Row's classes start at 0
-        const bool label_here = y >= 2 * kR0 && y < 2 * kR1 && (y & 7) >> 1 == quad;
+        const bool label_here = y >= 0 && y < kCols && (y & 7) >> 1 == quad;
         float s_label = 0;
         if (label_here) {
 #pragma unroll
-          for (int r = kR0 + 2 * h; r < kR1; r += 4)
+          for (int r = 2 * h; r < 128; r += 4)
 #pragma unroll
             for (int k = 0; k < 2; ++k)
               if (column_of(r + k, quad) == y) s_label = d[r + k];
         }
 #pragma unroll
-        for (int r = kR0 + 2 * h; r < kR1; r += 4)
+        for (int r = 2 * h; r < 128; r += 4)
 #pragma unroll
           for (int k = 0; k < 2; ++k)
             d[r + k] = rounded(row.unrounded(d[r + k], int(n0) + column_of(r + k, quad), false));
         if (label_here) {
           const float g_label = rounded(row.unrounded(s_label, int(n0) + y, true));
 #pragma unroll
-          for (int r = kR0 + 2 * h; r < kR1; r += 4)
+          for (int r = 2 * h; r < 128; r += 4)
 #pragma unroll
             for (int k = 0; k < 2; ++k)
               if (column_of(r + k, quad) == y) d[r + k] = g_label;
         }
-        if (!tma) store_row<kR0 / 4, kR1 / 4>(d, h, out + (i - r0) * ld + (n0 - j0), limit);
+        if (!tma) store_row(d, h, out + (i - r0) * ld + (n0 - j0), limit);
       }
-      if (tma) store_staged<kPart>(d, n0);
+      if (tma) store_staged(d, n0);
     }
 
-    // The consumer's [64 x 128] part of G (rows past row_end hold garbage;
-    // the TMA stores only g_map's [rows, cols]): boxes 2 kPart, 2 kPart + 1.
-    template <int kPart>
+    // The consumer's [64 x 256] subtile of G (rows past row_end hold
+    // garbage; the TMA stores only g_map's [rows, cols]).
     __device__ void store_staged(const float (&d)[128], int64_t n0) {
       if constexpr (kStaged) {
-        store_subtile_staged<2, 2 * kPart, 2 * kPart + 2>(
-            staging, map, int(n0 - j0), int(staged_first_row(row_a) - r0), 0,
-            [&](int j, int h) { return pair_bits(out, d[4 * j + 2 * h], d[4 * j + 2 * h + 1]); });
+        store_subtile_staged<2>(staging, map, int(n0 - j0), int(staged_first_row(row_a) - r0), 0,
+                                [&](int j, int h) {
+                                  return pair_bits(out, d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+                                });
       }
     }
 
@@ -414,29 +376,27 @@ struct Dlogits {
         (Dtype(kRound) == Dtype::f16 && std::is_same_v<T, __half>);
     static __device__ float rounded(float g) { return kStoreRounds ? g : round_as<kRound>(g); }
 
-    // Row h's values of G at pairs j in [kJ0, kJ1) to row_out (class n0 of
-    // the row), adjacent pairs in one store where aligned (16-bit ones:
-    // store_packed_pairs).
-    template <int kJ0, int kJ1>
+    // Row h's 64 values of G to row_out (class n0 of the row), adjacent
+    // pairs in one store where aligned (16-bit ones: store_packed_pairs).
     __device__ void store_row(const float (&d)[128], int h, T* row_out, int limit) {
       const bool pairs =
           limit >= kCols && reinterpret_cast<uintptr_t>(row_out) % (2 * sizeof(T)) == 0;
       if (pairs) {
         if constexpr (sizeof(T) == 4) {
 #pragma unroll
-          for (int j = kJ0; j < kJ1; ++j)
+          for (int j = 0; j < 32; ++j)
             *reinterpret_cast<float2*>(row_out + 8 * j + 2 * quad) =
                 make_float2(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
         } else {
-          uint32_t packed[kJ1 - kJ0];
+          uint32_t packed[32];
 #pragma unroll
-          for (int j = kJ0; j < kJ1; ++j)
-            packed[j - kJ0] = pair_bits(row_out, d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
-          store_packed_pairs<kJ0>(row_out, quad, packed);
+          for (int j = 0; j < 32; ++j)
+            packed[j] = pair_bits(row_out, d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+          store_packed_pairs(row_out, quad, packed);
         }
       } else {
 #pragma unroll
-        for (int j = kJ0; j < kJ1; ++j) {
+        for (int j = 0; j < 32; ++j) {
           const int col = 8 * j + 2 * quad;
           if (col < limit) row_out[col] = T(d[4 * j + 2 * h]);
           if (col + 1 < limit) row_out[col + 1] = T(d[4 * j + 2 * h + 1]);

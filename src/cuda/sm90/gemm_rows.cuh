@@ -8,17 +8,9 @@
 //                   [128 x 64] and W's [256 x 64] slices into a ring of
 //                   kStages shared-memory stages (128-byte swizzle);
 //   warpgroups 1-2  the consumers: 64 rows each, a [64 x 256] f32
-//                   accumulator in registers (two wgmma m64n128k16 a K
-//                   step, one per 128-class half; 128 floats a thread),
-//                   then the epilogue (States, Dlogits or StoreF32) works
-//                   on them, and the next 256 classes begin. The epilogue
-//                   takes the halves in turn: once it is done with the
-//                   first, the consumer issues the next block's first-half
-//                   products on the stages the ring holds, and the tensor
-//                   cores run them while the epilogue works on the second
-//                   half (both consumers reach their epilogues together,
-//                   so without this the tensor cores wait for the whole
-//                   epilogue).
+//                   accumulator in registers (wgmma m64n256k16, 128 floats
+//                   a thread), then the epilogue (States, Dlogits or
+//                   StoreF32) works on them, and the next 256 classes begin.
 //                   An epilogue may ask for Epilogue::kStagingBytes of
 //                   shared memory per consumer (Dlogits stages G there for
 //                   TMA stores).
@@ -45,7 +37,6 @@ constexpr int kRows = 128;             // rows of a block: two consumer warpgrou
 static_assert(kRows == kKernelRows, "score_gemms.h counts blocks of these rows");
 constexpr int kCols = 256;             // classes per accumulator (the wgmma's N)
 static_assert(kCols == kStashRefCols, "one stash ref per subtile");
-constexpr int kHalfCols = 128;         // classes per accumulator half
 constexpr int kDepth = 64;             // K per stage: one 128-byte swizzle row of 16-bit values
 constexpr int kStages = 4;
 constexpr int kThreads = 384;
@@ -151,107 +142,33 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   registers_claim<240>();
   const int consumer = warpgroup - 1, warp = tid / 32, lane = tid % 32;
-  using Thread = typename Epilogue::Thread;
-  Thread out(epi, grid, m0 + 64 * consumer + 16 * warp + lane / 4, c_begin, chunk,
-             staging + consumer * Epilogue::kStagingBytes);
-  // The accumulator's halves: classes [0, 128) and [128, 256) of a block.
-  float d[128] = {};
-  float(&first)[64] = *reinterpret_cast<float(*)[64]>(&d[0]);
-  float(&second)[64] = *reinterpret_cast<float(*)[64]>(&d[64]);
-  // Stage s's slices of x (this consumer's 64 rows) and of W's half h.
-  const auto desc_a = [&](int s) {
-    return swizzled_k_major_desc(a_stages + s * kStageBytesA + consumer * 64 * 128);
-  };
-  const auto desc_b = [&](int s, int h) {
-    return swizzled_k_major_desc(b_stages + s * kStageBytesB + h * kHalfCols * 128);
-  };
-  // Stage s's products of K step kk (+32 bytes = +2 in the address field)
-  // into half h; the block's first K step overwrites the half.
-  const auto multiply = [&](float(&half)[64], int s, int h, int kk, int accumulate) {
-    wgmma_m64n128k16<kHalf>(half, desc_a(s) + 2 * kk, desc_b(s, h) + 2 * kk, accumulate);
-  };
-  int it = 0;  // stages consumed so far
-  // The first half of the next kStages stages (the block's first K steps),
-  // issued without waiting for them.
-  const auto issue_first_half = [&] {
-    wgmma_fence();
+  typename Epilogue::Thread out(epi, grid, m0 + 64 * consumer + 16 * warp + lane / 4, c_begin,
+                                chunk, staging + consumer * Epilogue::kStagingBytes);
+  int it = 0;
+  for (int sub = 0; sub < subtiles; ++sub) {
+    const int64_t n0 = c_begin + int64_t(sub) * kCols;
+    float d[128];
 #pragma unroll
-    for (int p = 0; p < kStages; ++p) {
-      const int stage = (it + p) % kStages;
-      barrier_wait(&full[stage], ((it + p) / kStages) & 1);
-#pragma unroll
-      for (int kk = 0; kk < kDepth / 16; ++kk) multiply(first, stage, 0, kk, p > 0 || kk > 0);
-      wgmma_commit();
-    }
-  };
-  // The block at n0's products: the second half of its first kStages
-  // stages when their first half was issued (`issued`), then both halves
-  // of the rest; each stage is released once its products are done.
-  const auto multiply_block = [&](bool issued) {
+    for (int r = 0; r < 128; ++r) d[r] = 0.0f;
     int previous = -1;
-    const auto retire = [&](int stage) {
-      wgmma_commit();
-      wgmma_wait<1>();  // all but this stage's products are done
-      if (previous >= 0 && lane == 0) barrier_arrive(&empty[previous]);
-      previous = stage;
-    };
-    int kt = 0;
-    if (issued) {
-      for (; kt < kStages; ++kt, ++it) {
-        const int stage = it % kStages;
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kDepth / 16; ++kk) multiply(second, stage, 1, kk, kt > 0 || kk > 0);
-        retire(stage);
-      }
-    }
-    for (; kt < grid.k_tiles; ++kt, ++it) {
+    for (int kt = 0; kt < grid.k_tiles; ++kt, ++it) {
       const int stage = it % kStages;
       barrier_wait(&full[stage], (it / kStages) & 1);
+      const uint64_t desc_a =
+          swizzled_k_major_desc(a_stages + stage * kStageBytesA + consumer * 64 * 128);
+      const uint64_t desc_b = swizzled_k_major_desc(b_stages + stage * kStageBytesB);
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kDepth / 16; ++kk) {
-        multiply(first, stage, 0, kk, kt > 0 || kk > 0);
-        multiply(second, stage, 1, kk, kt > 0 || kk > 0);
-      }
-      retire(stage);
+      for (int kk = 0; kk < kDepth / 16; ++kk)  // +32 bytes = +2 in the address field
+        wgmma_m64n256k16<kHalf>(d, desc_a + 2 * kk, desc_b + 2 * kk, 1);
+      wgmma_commit();
+      wgmma_wait<1>();  // the previous stage's products are done: release it
+      if (previous >= 0 && lane == 0) barrier_arrive(&empty[previous]);
+      previous = stage;
     }
     wgmma_wait<0>();
     if (previous >= 0 && lane == 0) barrier_arrive(&empty[previous]);
-  };
-  const auto n0_of = [&](int sub) { return c_begin + int64_t(sub) * kCols; };
-  const auto limit_of = [&](int sub) { return int(c_end - n0_of(sub)); };
-
-  // With halves (and kStages K steps, H >= 256), every block but the last
-  // issues the next block's first-half products between its epilogue's
-  // halves. ptxas waits for products in flight wherever paths with
-  // different products in flight meet (C7517), so the loop is entered and
-  // left with the same kStages stages issued: the first block's before it,
-  // the last block after it.
-  if constexpr (Thread::kSplit) {
-    if (grid.k_tiles >= kStages) {
-      issue_first_half();
-      for (int sub = 0; sub + 1 < subtiles; ++sub) {
-        multiply_block(true);
-        out.template part<0>(d, n0_of(sub), limit_of(sub));
-        issue_first_half();
-        out.template part<1>(d, n0_of(sub), limit_of(sub));
-      }
-      multiply_block(true);
-      out.template part<0>(d, n0_of(subtiles - 1), limit_of(subtiles - 1));
-      out.template part<1>(d, n0_of(subtiles - 1), limit_of(subtiles - 1));
-      out.end();
-      return;
-    }
-  }
-  for (int sub = 0; sub < subtiles; ++sub) {
-    multiply_block(false);
-    if constexpr (Thread::kSplit) {
-      out.template part<0>(d, n0_of(sub), limit_of(sub));
-      out.template part<1>(d, n0_of(sub), limit_of(sub));
-    } else {
-      out.subtile(d, n0_of(sub), limit_of(sub));
-    }
+    out.subtile(d, n0, int(c_end - n0));
   }
   out.end();
 #endif

@@ -38,18 +38,15 @@ inline __device__ int consumer_row() {
 // epilogues.cuh), for j < 32. Box b (columns 64 b ..) goes to coordinates
 // (col0 + 64 b, row0) of a 2D map, or (col0 + 64 b, row0, plane) of a 3D
 // one; the TMA writes nothing outside the map's dimensions, so rows past
-// the problem's may hold anything. Boxes [kBox0, kBox1) only (a 128-class
-// part: two boxes); box b always uses buffer b % 2. Every thread of the
-// consumer calls it.
-template <int kDims, int kBox0 = 0, int kBox1 = 4, class Pair>
+// the problem's may hold anything. Every thread of the consumer calls it.
+template <int kDims, class Pair>
 __device__ void store_subtile_staged(uint8_t* staging, const CUtensorMap* map, int col0, int row0,
                                      int plane, const Pair& pair) {
   static_assert(kDims == 2 || kDims == 3, "2D or 3D maps");
-  static_assert(kBox0 % 2 == 0, "buffers alternate from buffer 0");
   const int tid = threadIdx.x % 128, barrier_id = threadIdx.x / 128;  // consumers: 1, 2
   const int quad = tid % 4, r = consumer_row();
 #pragma unroll
-  for (int b = kBox0; b < kBox1; ++b) {
+  for (int b = 0; b < 4; ++b) {
     uint8_t* box = staging + (b % 2) * kStagedBoxBytes;
     if (tid == 0) bulk_wait_read<1>();  // this buffer's previous store has read it
     named_barrier(barrier_id, 128);
