@@ -40,6 +40,7 @@
 #include <string>
 
 #include "cuda/kernels.h"
+#include "cuda/sm90/score_gemms.h"
 #include "flce/flce.h"
 #include "validate.h"
 
@@ -81,7 +82,7 @@ struct Plan {
 // tests pass one to plan for an H100 without a GPU.
 struct PlanTarget {
   bool fused = false;
-  int sms = 132;
+  int sms = sm90::kAssumedSms;
 };
 
 Plan make_plan(const Problem& p, Pass pass);

@@ -181,7 +181,7 @@ int sm_count(const Problem& p) {
           cudaSuccess ||
       sms <= 0) {
     cudaGetLastError();
-    return 132;
+    return kAssumedSms;
   }
   return sms;
 }

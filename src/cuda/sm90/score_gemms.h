@@ -42,7 +42,9 @@ constexpr int64_t kStashRefCols = 256;
 constexpr int64_t kKernelRows = 128;
 constexpr int64_t kDlogitsChunk = 2048;
 
-// The SMs of the device `p.x` is on (132 where it cannot be asked).
+// The SMs of the device `p.x` is on (kAssumedSms, an H100's, where it
+// cannot be asked; plan.h's PlanTarget assumes the same).
+constexpr int kAssumedSms = 132;
 int sm_count(const Problem& p);
 
 // Where gemm_states stashes the tiles' scores (plan.h; codes null: it does
