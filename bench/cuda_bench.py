@@ -38,6 +38,8 @@ it settles at, with nvidia-smi's clock and power over the same span.
 Memory: the peak of torch.cuda.max_memory_allocated during the call minus
 what was allocated before it: gradients, outputs and (for flce) the
 workspace, which flce's Python layer takes from torch's allocator.
+The run ends with the table, then which of #7's targets this run met, for
+the first --variants entry (bench/cuda_targets.py).
 """
 
 import argparse
@@ -54,6 +56,7 @@ import torch
 import torch.nn.functional as F
 
 import flce
+from cuda_targets import report as targets_report
 
 SHAPES = {
     "gemma2": (8192, 2304, 256000, 30.0),
@@ -278,7 +281,7 @@ def bench_shape(name, reps, variants, back_to_back=0, steady=0.0):
     row["gemm3_ms"] = ms["gemm1"] + ms["gemm_x"] + ms["gemm_w"]
     row["flce"] = []
     for var in variants:
-        t = {"variant": var or "default", "step_ms": ms["step " + var], "fwd_ms": ms["fwd " + var],
+        t = {"variant": var or "default", "key": var, "step_ms": ms["step " + var], "fwd_ms": ms["fwd " + var],
              "step_peak_extra_bytes": peak_extra_bytes(run(var, step)),
              "fwd_peak_extra_bytes": peak_extra_bytes(run(var, fwd))}
         t["step_ratio"] = t["step_ms"] / row["gemm3_ms"]
@@ -382,6 +385,9 @@ def main():
               f"| {r['eager_peak_extra_bytes'] / MIB:.0f} MiB |")
     for r in rows:
         print(f"{r['shape']}: loss flce {r['flce_loss']:.6f}, eager {r['eager_loss']:.6f}")
+    print("\nAgainst #7's targets (bench/cuda_targets.py), this run:")
+    for line in targets_report(rows):
+        print("  " + line)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,62 @@
+"""Issue #7's "Done when" figures as checks on one run of bench/cuda_bench.py:
+which targets that run met, shape by shape. No torch or flce here, so that
+tests/python/test_cuda_targets.py checks it on any machine.
+
+The targets, in bf16 at each benchmark shape:
+  step      loss_and_grad at most 1.25x the three cuBLAS GEMMs at H >= 2304,
+            1.5x at H = 1024;
+  forward   at most 1.15x one GEMM at H >= 2304, 1.3x at H = 1024;
+  memory    the step's extra device memory at most the gradients' size
+            + 512 MiB;
+  eager     the step faster than PyTorch eager.
+The issue names no limits between H = 1024 and 2304; below 2304 the
+H = 1024 ones apply here (the benchmark's shapes have H = 1024, 2304, 4096).
+"""
+
+MIB = 1 << 20
+
+
+def ratio_limits(h):
+    """(step, forward) ratio limits at hidden size h."""
+    return (1.25, 1.15) if h >= 2304 else (1.5, 1.3)
+
+
+def checks(row, variant=0):
+    """[(what, measured, limit, met)] for cuda_bench.py's `row` (one shape),
+    its `variant`-th flce entry (0: the first --variants entry, the table's):
+    the ratios of the shuffled rounds and of each back-to-back round, the
+    step's peak extra memory in MiB, and eager's step time over flce's
+    (met when above 1)."""
+    step_max, fwd_max = ratio_limits(row["h"])
+    t = row["flce"][variant]
+    out = [("step / 3 GEMMs, shuffled", t["step_ratio"], step_max),
+           ("forward / GEMM, shuffled", t["fwd_ratio"], fwd_max)]
+    for k, b in enumerate(row.get("back_to_back", [])):
+        gemm3 = b["gemm1"] + b["gemm_x"] + b["gemm_w"]
+        out.append((f"step / 3 GEMMs, back to back {k + 1}", b["step " + t["key"]] / gemm3,
+                    step_max))
+        out.append((f"forward / GEMM, back to back {k + 1}", b["fwd " + t["key"]] / b["gemm1"],
+                    fwd_max))
+    checked = [(what, value, limit, value <= limit) for what, value, limit in out]
+    memory_limit = (row["grads_bytes"] + 512 * MIB) / MIB
+    memory = t["step_peak_extra_bytes"] / MIB
+    checked.append(("step extra memory, MiB", memory, memory_limit, memory <= memory_limit))
+    speedup = row["eager_ms"] / t["step_ms"]
+    checked.append(("eager step / flce step", speedup, 1.0, speedup > 1.0))
+    return checked
+
+
+def report(rows, variant=0):
+    """The checks of every row as printable lines, then a count."""
+    lines, met, total = [], 0, 0
+    for row in rows:
+        label = row["flce"][variant]["variant"]
+        lines.append(f"{row['shape']} ({row['n']} x {row['h']} x {row['v']}, {label}):")
+        for what, value, limit, ok in checks(row, variant):
+            bound = "above" if what.startswith("eager") else "at most"
+            digits = 0 if what.endswith("MiB") else 3
+            lines.append(f"  {what}: {value:.{digits}f} ({bound} {limit:.{digits}f}): "
+                         f"{'met' if ok else 'NOT met'}")
+            met, total = met + ok, total + 1
+    lines.append(f"{met} of {total} checks met")
+    return lines
