@@ -281,7 +281,8 @@ def bench_shape(name, reps, variants, back_to_back=0, steady=0.0):
     row["gemm3_ms"] = ms["gemm1"] + ms["gemm_x"] + ms["gemm_w"]
     row["flce"] = []
     for var in variants:
-        t = {"variant": var or "default", "key": var, "step_ms": ms["step " + var], "fwd_ms": ms["fwd " + var],
+        t = {"variant": var or "default", "key": var,  # key: the variant's name in `calls`
+             "step_ms": ms["step " + var], "fwd_ms": ms["fwd " + var],
              "step_peak_extra_bytes": peak_extra_bytes(run(var, step)),
              "fwd_peak_extra_bytes": peak_extra_bytes(run(var, fwd))}
         t["step_ratio"] = t["step_ms"] / row["gemm3_ms"]

@@ -3,8 +3,9 @@
 // fused kernels turn each tile into softmax states (pass 1) or dlogits
 // (pass 2) right after its GEMM; on an H100 with 16-bit storage one kernel
 // does both the GEMM and that work, and no score tile exists (sm90/). The
-// dlogits gather into large gradient blocks for the grad_x and grad_W GEMMs. Never an [N, V] buffer; every sum in a fixed
-// order, so the bytes are the same on every run (src/cuda/kernels.h).
+// dlogits gather into large gradient blocks for the grad_x and grad_W
+// GEMMs. Never an [N, V] buffer; every sum in a fixed order, so the bytes
+// are the same on every run (src/cuda/kernels.h).
 #include "cuda/cuda_backend.h"
 
 #include <cuda_runtime.h>
