@@ -96,6 +96,15 @@ struct Stash {
   FLCE_HOST_DEVICE bool present() const { return codes != nullptr; }
 };
 
+// How many classes of the gradient block starting at class j0 are stashed,
+// where classes [0, stash_cols) are, in blocks of block_cols (plan.h): the
+// width of that block's codes, row-major for all rows. The plan asks it on
+// the host (Plan::stash_width), the fused kernel on the device.
+FLCE_HOST_DEVICE inline int64_t stash_width(int64_t stash_cols, int64_t block_cols, int64_t j0) {
+  const int64_t w = stash_cols - j0;
+  return w < 0 ? 0 : w < block_cols ? w : block_cols;
+}
+
 // A [rows x cols] tile of scores whose row 0 is problem row r0 and column 0
 // is class j0: raw logits u in f32 with leading dimension ld, or (u null,
 // pass 2 of a stashed tile) the stash's codes. tile_states also writes the

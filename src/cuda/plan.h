@@ -70,10 +70,7 @@ struct Plan {
 
   bool stashed(int64_t j0) const { return j0 < stash_cols; }
   // The stashed classes of the gradient block starting at class j0.
-  int64_t stash_width(int64_t j0) const {
-    const int64_t w = stash_cols - j0;
-    return w < 0 ? 0 : w < block_cols ? w : block_cols;
-  }
+  int64_t stash_width(int64_t j0) const { return cuda::stash_width(stash_cols, block_cols, j0); }
 };
 
 // The device a plan is for: whether the fused sm90 kernels serve the

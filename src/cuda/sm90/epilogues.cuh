@@ -152,8 +152,7 @@ struct States {
     // the subtile), as tile_states writes a tile's (kernels.h, Stash).
     __device__ void stash_subtile(const float (&d)[128], int64_t n0, int limit) {
       const int64_t b = n0 / stash.block_cols, block_j0 = b * stash.block_cols;
-      const int64_t block_cols =
-          stash.end - block_j0 < stash.block_cols ? stash.end - block_j0 : stash.block_cols;
+      const int64_t block_cols = cuda::stash_width(stash.end, stash.block_cols, block_j0);
       float refs[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
