@@ -4,11 +4,14 @@
 //
 // Stored straight from the wgmma layout, each 4-byte store of a warp
 // writes 16 bytes in each of 8 rows. Here the consumer writes [64 x 64]
-// boxes (8 KiB) into shared memory in the TMA's 128-byte swizzle, so that a
-// warp's 4-byte writes hit 32 different banks, and its thread 0 stores each
-// box with one TMA store, two boxes in flight: at H = 1024 on an H200 the
-// G kernel took 9.0 ms with direct stores, 7.0 ms with no store at all, and
-// 8.2 ms (9.2 in the same run before) this way.
+// boxes (8 KiB) into shared memory in the TMA's 128-byte swizzle, so that
+// the 16-byte rows a warp writes at once fall in different banks, and its
+// thread 0 stores each box with one TMA store, two boxes in flight: at
+// H = 1024 on an H200 the G kernel took 9.0 ms with direct stores, 7.0 ms
+// with no store at all, and 8.2 ms (9.2 in the same run before) this way.
+// A warp's 8 x 8 pieces of the accumulator are the mma fragment layout, so
+// stmatrix writes four of them (16 classes of its 16 rows) in one
+// instruction, where 4-byte stores took four, each with its own address.
 #pragma once
 
 #include <cuda.h>
@@ -44,18 +47,26 @@ __device__ void store_subtile_staged(uint8_t* staging, const CUtensorMap* map, i
                                      int plane, const Pair& pair) {
   static_assert(kDims == 2 || kDims == 3, "2D or 3D maps");
   const int tid = threadIdx.x % 128, barrier_id = threadIdx.x / 128;  // consumers: 1, 2
-  const int quad = tid % 4, r = consumer_row();
+  // One stmatrix_x4 writes the warp's rows 16 warp + {0..7, 8..15} (h = 0,
+  // 1) at 16-byte chunks c and c + 1 of a box row (classes 8 c ..), c even:
+  // lane L gives row 16 warp + 8 ((L / 8) % 2) + L % 8 of chunk c + L / 16,
+  // which the swizzle puts at chunk (c + L / 16) ^ (row % 8). With c even
+  // that is c ^ (L / 16) ^ (L % 8): the lane's offset below, XORed with
+  // 16 c (a box is 1024-byte aligned and a row 128 bytes, so bits 4-6 of
+  // box + 128 row are 0).
+  const int lane = tid % 32;
+  const int row = 16 * (tid / 32) + 8 * ((lane / 8) % 2) + lane % 8;
+  const uint32_t lane_offset = uint32_t(row * 128 + (((lane / 16) ^ (lane % 8)) << 4));
 #pragma unroll
   for (int b = 0; b < 4; ++b) {
     uint8_t* box = staging + (b % 2) * kStagedBoxBytes;
     if (tid == 0) bulk_wait_read<1>();  // this buffer's previous store has read it
     named_barrier(barrier_id, 128);
+    const uint32_t at = shared_address(box) + lane_offset;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      uint8_t* row = box + (r + 8 * h) * 128;
-#pragma unroll
-      for (int c = 0; c < 8; ++c)  // 16-byte chunk c of the row, swizzled by row % 8
-        *reinterpret_cast<uint32_t*>(row + ((c ^ (r & 7)) << 4) + 4 * quad) = pair(8 * b + c, h);
+    for (int c = 0; c < 8; c += 2) {
+      const int j = 8 * b + c;
+      stmatrix_x4(at ^ uint32_t(c << 4), pair(j, 0), pair(j, 1), pair(j + 1, 0), pair(j + 1, 1));
     }
     fence_shared_for_tma();
     named_barrier(barrier_id, 128);
