@@ -86,7 +86,6 @@ inline __device__ void bulk_wait_read() {
 }
 // Until all of this thread's bulk groups have written global memory.
 inline __device__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
-// Makes this thread's shared-memory writes visible to the TMA (async proxy).
 // Four 8 x 8 matrices of 16-bit values from the mma fragment layout (thread
 // t holds row t / 4, columns 2 (t % 4), +1 of matrix i in r_i) to shared
 // memory: lanes 8 i .. 8 i + 7 give the addresses of matrix i's rows, 16
@@ -97,7 +96,7 @@ inline __device__ void stmatrix_x4(uint32_t address, uint32_t r0, uint32_t r1, u
                "r"(r0), "r"(r1), "r"(r2), "r"(r3)
                : "memory");
 }
-
+// Makes this thread's shared-memory writes visible to the TMA (async proxy).
 inline __device__ void fence_shared_for_tma() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
