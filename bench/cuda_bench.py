@@ -56,6 +56,7 @@ import torch
 import torch.nn.functional as F
 
 import flce
+from cuda_targets import back_to_back_ratios, memory_limit_mib
 from cuda_targets import report as targets_report
 
 SHAPES = {
@@ -260,10 +261,10 @@ def bench_shape(name, reps, variants, back_to_back=0, steady=0.0):
     if back_to_back:  # eager left out: its 15-39 GB steps are what this avoids
         row["back_to_back"] = time_back_to_back_ms(calls, reps, back_to_back)
         for k, b in enumerate(row["back_to_back"]):
-            gemm3 = b["gemm1"] + b["gemm_x"] + b["gemm_w"]
+            ratios = {var: back_to_back_ratios(b, var) for var in variants}
             print(f"  {name} back to back, round {k + 1}: " + ", ".join(
-                f"{var or 'default'} step {b['step ' + var] / gemm3:.3f}x "
-                f"fwd {b['fwd ' + var] / b['gemm1']:.3f}x" for var in variants), flush=True)
+                f"{var or 'default'} step {ratios[var][0]:.3f}x fwd {ratios[var][1]:.3f}x"
+                for var in variants), flush=True)
     if steady:
         alone = {"gemm1": calls["gemm1"], **{"fwd " + var: calls["fwd " + var] for var in variants}}
         row["steady"] = time_steady_ms(alone, steady)
@@ -382,7 +383,7 @@ def main():
               f"| {r['gemm1_ms']:.1f} ms | {best['fwd_ms']:.1f} ms | {best['fwd_ratio']:.2f} "
               f"| {r['eager_ms']:.1f} ms | {r['eager_ms'] / best['step_ms']:.2f}x "
               f"| {best['step_peak_extra_bytes'] / MIB:.0f} MiB "
-              f"| {(r['grads_bytes'] + 512 * MIB) / MIB:.0f} MiB "
+              f"| {memory_limit_mib(r):.0f} MiB "
               f"| {r['eager_peak_extra_bytes'] / MIB:.0f} MiB |")
     for r in rows:
         print(f"{r['shape']}: loss flce {r['flce_loss']:.6f}, eager {r['eager_loss']:.6f}")

@@ -21,6 +21,19 @@ def ratio_limits(h):
     return (1.25, 1.15) if h >= 2304 else (1.5, 1.3)
 
 
+def memory_limit_mib(row):
+    """The step's extra-memory bound: the gradients' size + 512 MiB, in MiB."""
+    return (row["grads_bytes"] + 512 * MIB) / MIB
+
+
+def back_to_back_ratios(round_ms, key):
+    """(step / 3 GEMMs, forward / GEMM) of one back-to-back round's medians
+    ({call name: ms}) for the flce variant named `key` in cuda_bench.py's
+    calls."""
+    gemm3 = round_ms["gemm1"] + round_ms["gemm_x"] + round_ms["gemm_w"]
+    return round_ms["step " + key] / gemm3, round_ms["fwd " + key] / round_ms["gemm1"]
+
+
 def checks(row, variant=0):
     """[(what, measured, limit, met)] for cuda_bench.py's `row` (one shape),
     its `variant`-th flce entry (0: the first --variants entry, the table's):
@@ -32,13 +45,11 @@ def checks(row, variant=0):
     out = [("step / 3 GEMMs, shuffled", t["step_ratio"], step_max),
            ("forward / GEMM, shuffled", t["fwd_ratio"], fwd_max)]
     for k, b in enumerate(row.get("back_to_back", [])):
-        gemm3 = b["gemm1"] + b["gemm_x"] + b["gemm_w"]
-        out.append((f"step / 3 GEMMs, back to back {k + 1}", b["step " + t["key"]] / gemm3,
-                    step_max))
-        out.append((f"forward / GEMM, back to back {k + 1}", b["fwd " + t["key"]] / b["gemm1"],
-                    fwd_max))
+        step, fwd = back_to_back_ratios(b, t["key"])
+        out.append((f"step / 3 GEMMs, back to back {k + 1}", step, step_max))
+        out.append((f"forward / GEMM, back to back {k + 1}", fwd, fwd_max))
     checked = [(what, value, limit, value <= limit) for what, value, limit in out]
-    memory_limit = (row["grads_bytes"] + 512 * MIB) / MIB
+    memory_limit = memory_limit_mib(row)
     memory = t["step_peak_extra_bytes"] / MIB
     checked.append(("step extra memory, MiB", memory, memory_limit, memory <= memory_limit))
     speedup = row["eager_ms"] / t["step_ms"]
