@@ -413,7 +413,7 @@ TEST(CudaPlan, FusedPlansWidenTheStashingBlockByTheGKernelsWaves) {
   const flce::cuda::PlanTarget h100{true, 132};
   struct Head { int64_t n, h, v, block_cols, stash_cols; };
   for (const Head& head : {Head{8192, 2304, 256000, 20480, 4 * 20480 + 2 * 2048},
-                           Head{8192, 4096, 128256, 16384, 4 * 16384 + 3 * 2048},
+                           Head{8192, 4096, 128256, 20480, 3 * 20480 + 6 * 2048},
                            Head{16384, 1024, 128256, 10240, 10240 + 3 * 2048}}) {
     const flce::Problem p = step_shapes(head.n, head.h, head.v);
     const flce::cuda::Plan plan = flce::cuda::make_plan(p, Pass::loss_and_grad, h100);

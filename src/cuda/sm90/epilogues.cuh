@@ -18,14 +18,7 @@
 namespace flce::cuda::sm90 {
 
 // A consumer thread holds rows row_a = 16 warp + lane/4 and row_a + 8 of its
-// warpgroup's 64, columns 8 j + 2 (lane % 4) + {0, 1} for j < kPairs
-// (wgmma.cuh): kValues floats, kPairs column pairs a row.
-//
-// Each subtile(d, n0, limit, tick) runs while the next subtile's products
-// are issued (gemm_rows.cuh): it calls tick() now and then, at points that
-// every thread of the warpgroup reaches (not in a branch a thread or warp
-// takes alone), and each call issues one more stage of those products.
-constexpr int kPairs = kCols / 8;
+// warpgroup's 64, columns 8 j + 2 (lane % 4) + {0, 1} for j < 32 (wgmma.cuh).
 
 inline __device__ int column_of(int r, int quad) { return 8 * (r / 4) + 2 * quad + (r & 1); }
 
@@ -40,37 +33,29 @@ inline __device__ uint32_t pair_bits(const __half*, float a, float b) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// A thread's row of kPairs packed 16-bit pairs to p[8 j + 2 quad] (4-byte
+// A thread's row of 32 packed 16-bit pairs to p[8 j + 2 quad] (4-byte
 // aligned), after all are packed: packing each into one temporary right
 // before its store made every pack wait until the previous store had read it.
 template <typename T16>
-inline __device__ void store_packed_pairs(T16* p, int quad, const uint32_t (&packed)[kPairs]) {
+inline __device__ void store_packed_pairs(T16* p, int quad, const uint32_t (&packed)[32]) {
   static_assert(sizeof(T16) == 2, "pairs of 16-bit values");
 #pragma unroll
-  for (int j = 0; j < kPairs; ++j) *reinterpret_cast<uint32_t*>(p + 8 * j + 2 * quad) = packed[j];
+  for (int j = 0; j < 32; ++j) *reinterpret_cast<uint32_t*>(p + 8 * j + 2 * quad) = packed[j];
 }
 
 // s = k tanh(z / k) in place over a consumer warp's subtile: the short
 // polynomial (softcap_small.h) when every |z| of the warp is within its range
 // (one vote, so the warp takes one path; a NaN z passes as NaN), else tanhf.
-// In quarters, with a tick after each (outside the warp's branch).
-template <class Tick>
-inline __device__ void softcap_subtile(float (&d)[kValues], const TileParams& q, Tick& tick) {
+inline __device__ void softcap_subtile(float (&d)[128], const TileParams& q) {
   float m = 0.0f;
 #pragma unroll
-  for (int r = 0; r < kValues; ++r) m = fmaxf(m, fabsf(d[r]));
-  const bool small = __all_sync(0xffffffffu, m <= q.small_z);
-  constexpr int kQuarter = kValues / 4;
+  for (int r = 0; r < 128; ++r) m = fmaxf(m, fabsf(d[r]));
+  if (__all_sync(0xffffffffu, m <= q.small_z)) {
 #pragma unroll
-  for (int c = 0; c < kValues; c += kQuarter) {
-    if (small) {
+    for (int r = 0; r < 128; ++r) d[r] = softcap_small(d[r], q.inv_k);
+  } else {
 #pragma unroll
-      for (int r = c; r < c + kQuarter; ++r) d[r] = softcap_small(d[r], q.inv_k);
-    } else {
-#pragma unroll
-      for (int r = c; r < c + kQuarter; ++r) d[r] = q.k * tanhf(d[r] * q.inv_k);
-    }
-    tick();
+    for (int r = 0; r < 128; ++r) d[r] = q.k * tanhf(d[r] * q.inv_k);
   }
 }
 
@@ -86,10 +71,9 @@ struct StoreF32 {
     int quad;
     __device__ Thread(const StoreF32& e, const Grid& g, int64_t row_a, int64_t, int64_t, uint8_t*)
         : c(e.c), ldc(e.ldc), row_a(row_a), row_end(g.row_end), quad(threadIdx.x % 4) {}
-    template <class Tick>
-    __device__ void subtile(float (&d)[kValues], int64_t n0, int limit, Tick&) {
+    __device__ void subtile(float (&d)[128], int64_t n0, int limit) {
 #pragma unroll
-      for (int r = 0; r < kValues; ++r) {
+      for (int r = 0; r < 128; ++r) {
         const int64_t i = row_a + ((r >> 1) & 1) * 8;
         const int col = column_of(r, quad);
         if (i < row_end && col < limit) c[i * ldc + n0 + col] = d[r];
@@ -148,30 +132,25 @@ struct States {
     }
 
     // Scores in place of the raw logits; classes past the chunk are -inf.
-    template <class Tick>
-    __device__ void subtile(float (&d)[kValues], int64_t n0, int limit, Tick& tick) {
+    __device__ void subtile(float (&d)[128], int64_t n0, int limit) {
       if (!kRaw) {
 #pragma unroll
-        for (int r = 0; r < kValues; ++r) d[r] = q.z(d[r], int(n0) + column_of(r, quad));
-        tick();
+        for (int r = 0; r < 128; ++r) d[r] = q.z(d[r], int(n0) + column_of(r, quad));
       }
-      if (kSoftcap) softcap_subtile(d, q, tick);
+      if (kSoftcap) softcap_subtile(d, q);
       if (limit < kCols) {
 #pragma unroll
-        for (int r = 0; r < kValues; ++r)
+        for (int r = 0; r < 128; ++r)
           if (column_of(r, quad) >= limit) d[r] = -kInf;
       }
-      if (kStash) stash_subtile(d, n0, limit, tick);
+      if (kStash) stash_subtile(d, n0, limit);
       fold(rows[0], d, 0, n0, limit);
-      tick();
       fold(rows[1], d, 1, n0, limit);
-      tick();
     }
 
     // The subtile's codes f16(ref - s), ref = shift_of(the row's max over
     // the subtile), as tile_states writes a tile's (kernels.h, Stash).
-    template <class Tick>
-    __device__ void stash_subtile(const float (&d)[kValues], int64_t n0, int limit, Tick& tick) {
+    __device__ void stash_subtile(const float (&d)[128], int64_t n0, int limit) {
       const int64_t b = n0 / stash.block_cols, block_j0 = b * stash.block_cols;
       const int64_t block_cols = cuda::stash_width(stash.end, stash.block_cols, block_j0);
       float refs[2];
@@ -179,7 +158,7 @@ struct States {
       for (int h = 0; h < 2; ++h) {
         float m = -kInf;
 #pragma unroll
-        for (int j = 0; j < kPairs; ++j) m = fmaxf(m, fmaxf(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]));
+        for (int j = 0; j < 32; ++j) m = fmaxf(m, fmaxf(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]));
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));  // the row's four threads
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
         refs[h] = shift_of(m);
@@ -197,7 +176,7 @@ struct States {
       if (stash_tma) {
         store_subtile_staged<3>(staging, stash_map, int(n0 - block_j0),
                                 int(staged_first_row(rows[0].i)), int(b - stash.first_block),
-                                code_pair, tick);
+                                code_pair);
         return;
       }
 #pragma unroll
@@ -208,13 +187,13 @@ struct States {
                           i * block_cols + (n0 - block_j0);
         const bool pairs = limit >= kCols && reinterpret_cast<uintptr_t>(codes) % 4 == 0;
         if (pairs) {
-          uint32_t packed[kPairs];
+          uint32_t packed[32];
 #pragma unroll
-          for (int j = 0; j < kPairs; ++j) packed[j] = code_pair(j, h);
+          for (int j = 0; j < 32; ++j) packed[j] = code_pair(j, h);
           store_packed_pairs(codes, quad, packed);
         } else {
 #pragma unroll
-          for (int j = 0; j < kPairs; ++j) {
+          for (int j = 0; j < 32; ++j) {
             const int col = 8 * j + 2 * quad;
             if (col < limit) codes[col] = stash_code(refs[h], d[4 * j + 2 * h]);
             if (col + 1 < limit) codes[col + 1] = stash_code(refs[h], d[4 * j + 2 * h + 1]);
@@ -225,10 +204,10 @@ struct States {
 
     // Folds row h's 64 scores of this subtile: one group max and at most one
     // rescale, then the sums in column order.
-    __device__ void fold(Row& row, const float (&d)[kValues], int h, int64_t n0, int limit) {
+    __device__ void fold(Row& row, const float (&d)[128], int h, int64_t n0, int limit) {
       float group_max = -kInf;
 #pragma unroll
-      for (int j = 0; j < kPairs; ++j)
+      for (int j = 0; j < 32; ++j)
         group_max = fmaxf(group_max, fmaxf(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]));
       if (group_max > row.max) {
         const float f = row.max == -kInf ? 0.0f : exp_of(shift_of(row.max) - shift_of(group_max));
@@ -239,7 +218,7 @@ struct States {
       }
       const float offset = exp_offset(shift_of(row.max));
 #pragma unroll
-      for (int r = 2 * h; r < kValues; r += 4) {
+      for (int r = 2 * h; r < 128; r += 4) {
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
           const float s = d[r + k];
@@ -258,7 +237,7 @@ struct States {
       const int base = int(n0 - c_begin);
       if (kArgmax && group_max == row.max && row.arg_c < 0) {  // the first column wins
 #pragma unroll
-        for (int r = kValues - 1 - (1 - h) * 2; r >= 0; r -= 4) {
+        for (int r = 127 - (1 - h) * 2; r >= 0; r -= 4) {
           if (d[r] == row.max && column_of(r, quad) < limit)
             row.arg_c = base + column_of(r, quad);
           if (d[r - 1] == row.max && column_of(r - 1, quad) < limit)
@@ -270,13 +249,13 @@ struct States {
       if (row.y >= n0 && row.y - n0 < limit && row.y - n0 < kCols) {
         const int y_col = int(row.y - n0);
 #pragma unroll
-        for (int r = 2 * h; r < kValues; r += 4)
+        for (int r = 2 * h; r < 128; r += 4)
 #pragma unroll
           for (int k = 0; k < 2; ++k)
             if (column_of(r + k, quad) == y_col) info[row.i].s_y = d[r + k];
       }
       if (row.nan_c < 0 && isnan(row.sum_exp)) {  // a NaN score: its first column
-        for (int r = 2 * h; r < kValues && row.nan_c < 0; r += 4)
+        for (int r = 2 * h; r < 128 && row.nan_c < 0; r += 4)
           for (int k = 0; k < 2 && row.nan_c < 0; ++k)
             if (isnan(d[r + k])) row.nan_c = base + column_of(r + k, quad);
       }
@@ -336,66 +315,57 @@ struct Dlogits {
           out(e.out), ld(e.ld), r0(e.r0), j0(e.j0), row_a(row_a), row_end(grid.row_end),
           quad(threadIdx.x % 4), tma(kStaged && e.tma), map(&e.g_map), staging(staging) {}
 
-    template <class Tick>
-    __device__ void subtile(float (&d)[kValues], int64_t n0, int limit, Tick& tick) {
+    __device__ void subtile(float (&d)[128], int64_t n0, int limit) {
       // The scores in place (Row::score's formula, a warp's subtile at once).
       const TileParams& q = rows[0].q;
       if (kForm == kGeneral) {
 #pragma unroll
-        for (int r = 0; r < kValues; ++r) d[r] = q.z(d[r], int(n0) + column_of(r, quad));
-        tick();
+        for (int r = 0; r < 128; ++r) d[r] = q.z(d[r], int(n0) + column_of(r, quad));
       }
-      if (kForm == kPlainSoftcap || (kForm == kGeneral && q.k > 0)) softcap_subtile(d, q, tick);
+      if (kForm == kPlainSoftcap || (kForm == kGeneral && q.k > 0)) softcap_subtile(d, q);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        if (row_a + 8 * h < row_end) gradient_row(d, h, n0, limit);
-        tick();
-      }
-      if (tma) store_staged(d, n0, tick);
-    }
-
-    // Row h's G in place of its scores (and stored, unless staged).
-    __device__ void gradient_row(float (&d)[kValues], int h, int64_t n0, int limit) {
-      const int64_t i = row_a + 8 * h;
-      const Row& row = rows[h];
-      // The label's column, when this thread holds it: once per row, so
-      // the branch is rarely taken and the loop below has no label test.
-      const int y = row.y_col < 0 ? -1 : int(row.y_col - n0);  // Row's classes start at 0
-      const bool label_here = y >= 0 && y < kCols && (y & 7) >> 1 == quad;
-      float s_label = 0;
-      if (label_here) {
+        const int64_t i = row_a + 8 * h;
+        if (i >= row_end) continue;
+        const Row& row = rows[h];
+        // The label's column, when this thread holds it: once per row, so
+        // the branch is rarely taken and the loop below has no label test.
+        const int y = row.y_col < 0 ? -1 : int(row.y_col - n0);  // Row's classes start at 0
+        const bool label_here = y >= 0 && y < kCols && (y & 7) >> 1 == quad;
+        float s_label = 0;
+        if (label_here) {
 #pragma unroll
-        for (int r = 2 * h; r < kValues; r += 4)
+          for (int r = 2 * h; r < 128; r += 4)
 #pragma unroll
-          for (int k = 0; k < 2; ++k)
-            if (column_of(r + k, quad) == y) s_label = d[r + k];
-      }
+            for (int k = 0; k < 2; ++k)
+              if (column_of(r + k, quad) == y) s_label = d[r + k];
+        }
 #pragma unroll
-      for (int r = 2 * h; r < kValues; r += 4)
-#pragma unroll
-        for (int k = 0; k < 2; ++k)
-          d[r + k] = rounded(row.unrounded(d[r + k], int(n0) + column_of(r + k, quad), false));
-      if (label_here) {
-        const float g_label = rounded(row.unrounded(s_label, int(n0) + y, true));
-#pragma unroll
-        for (int r = 2 * h; r < kValues; r += 4)
+        for (int r = 2 * h; r < 128; r += 4)
 #pragma unroll
           for (int k = 0; k < 2; ++k)
-            if (column_of(r + k, quad) == y) d[r + k] = g_label;
+            d[r + k] = rounded(row.unrounded(d[r + k], int(n0) + column_of(r + k, quad), false));
+        if (label_here) {
+          const float g_label = rounded(row.unrounded(s_label, int(n0) + y, true));
+#pragma unroll
+          for (int r = 2 * h; r < 128; r += 4)
+#pragma unroll
+            for (int k = 0; k < 2; ++k)
+              if (column_of(r + k, quad) == y) d[r + k] = g_label;
+        }
+        if (!tma) store_row(d, h, out + (i - r0) * ld + (n0 - j0), limit);
       }
-      if (!tma) store_row(d, h, out + (i - r0) * ld + (n0 - j0), limit);
+      if (tma) store_staged(d, n0);
     }
 
-    // The consumer's [64 x kCols] subtile of G (rows past row_end hold
+    // The consumer's [64 x 256] subtile of G (rows past row_end hold
     // garbage; the TMA stores only g_map's [rows, cols]).
-    template <class Tick>
-    __device__ void store_staged(const float (&d)[kValues], int64_t n0, Tick& tick) {
+    __device__ void store_staged(const float (&d)[128], int64_t n0) {
       if constexpr (kStaged) {
         store_subtile_staged<2>(staging, map, int(n0 - j0), int(staged_first_row(row_a) - r0), 0,
                                 [&](int j, int h) {
                                   return pair_bits(out, d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
-                                },
-                                tick);
+                                });
       }
     }
 
@@ -407,25 +377,25 @@ struct Dlogits {
 
     // Row h's 64 values of G to row_out (class n0 of the row), adjacent
     // pairs in one store where aligned (16-bit ones: store_packed_pairs).
-    __device__ void store_row(const float (&d)[kValues], int h, T* row_out, int limit) {
+    __device__ void store_row(const float (&d)[128], int h, T* row_out, int limit) {
       const bool pairs =
           limit >= kCols && reinterpret_cast<uintptr_t>(row_out) % (2 * sizeof(T)) == 0;
       if (pairs) {
         if constexpr (sizeof(T) == 4) {
 #pragma unroll
-          for (int j = 0; j < kPairs; ++j)
+          for (int j = 0; j < 32; ++j)
             *reinterpret_cast<float2*>(row_out + 8 * j + 2 * quad) =
                 make_float2(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
         } else {
-          uint32_t packed[kPairs];
+          uint32_t packed[32];
 #pragma unroll
-          for (int j = 0; j < kPairs; ++j)
+          for (int j = 0; j < 32; ++j)
             packed[j] = pair_bits(row_out, d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
           store_packed_pairs(row_out, quad, packed);
         }
       } else {
 #pragma unroll
-        for (int j = 0; j < kPairs; ++j) {
+        for (int j = 0; j < 32; ++j) {
           const int col = 8 * j + 2 * quad;
           if (col < limit) row_out[col] = T(d[4 * j + 2 * h]);
           if (col + 1 < limit) row_out[col + 1] = T(d[4 * j + 2 * h + 1]);

@@ -33,8 +33,8 @@ std::string fused_declines(const Problem& p);
 // "" or a message naming a malformed FLCE_CUDA_FUSED.
 std::string check_fused_env();
 
-// Classes per stash ref in gemm_states' codes (one per 128-class subtile).
-constexpr int64_t kStashRefCols = 128;
+// Classes per stash ref in gemm_states' codes (one per 256-class subtile).
+constexpr int64_t kStashRefCols = 256;
 
 // A kernel block's rows, and the classes of a gemm_dlogits block: a launch
 // over rows x cols runs ceil(rows / 128) ceil(cols / 2048) blocks, one per

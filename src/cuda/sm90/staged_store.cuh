@@ -1,5 +1,5 @@
 // src/cuda/sm90/staged_store.cuh: how an epilogue sends a consumer's
-// [64 x kCols] subtile of 16-bit values to global memory through shared
+// [64 x 256] subtile of 16-bit values to global memory through shared
 // memory and the TMA (internal; Dlogits' G, States' stash codes).
 //
 // Stored straight from the wgmma layout, each 4-byte store of a warp
@@ -18,7 +18,6 @@
 
 #include <cstdint>
 
-#include "cuda/sm90/gemm_rows.cuh"
 #include "cuda/sm90/wgmma.cuh"
 
 namespace flce::cuda::sm90 {
@@ -39,14 +38,13 @@ inline __device__ int consumer_row() {
 
 // The consumer's subtile: pair(j, h) is this thread's 32-bit pair of its
 // row h at columns 8 j + 2 (lane % 4), +1 (the accumulator layout,
-// epilogues.cuh), for j < kCols / 8. Box b (columns 64 b ..) goes to
-// coordinates (col0 + 64 b, row0) of a 2D map, or (col0 + 64 b, row0, plane)
-// of a 3D one; the TMA writes nothing outside the map's dimensions, so rows
-// past the problem's may hold anything. Every thread of the consumer calls
-// it, and it calls tick() after each box (epilogues.cuh).
-template <int kDims, class Pair, class Tick>
+// epilogues.cuh), for j < 32. Box b (columns 64 b ..) goes to coordinates
+// (col0 + 64 b, row0) of a 2D map, or (col0 + 64 b, row0, plane) of a 3D
+// one; the TMA writes nothing outside the map's dimensions, so rows past
+// the problem's may hold anything. Every thread of the consumer calls it.
+template <int kDims, class Pair>
 __device__ void store_subtile_staged(uint8_t* staging, const CUtensorMap* map, int col0, int row0,
-                                     int plane, const Pair& pair, Tick&& tick) {
+                                     int plane, const Pair& pair) {
   static_assert(kDims == 2 || kDims == 3, "2D or 3D maps");
   const int tid = threadIdx.x % 128, barrier_id = threadIdx.x / 128;  // consumers: 1, 2
   // One stmatrix_x4 writes the warp's rows 16 warp + {0..7, 8..15} (h = 0,
@@ -60,7 +58,7 @@ __device__ void store_subtile_staged(uint8_t* staging, const CUtensorMap* map, i
   const int row = 16 * (tid / 32) + 8 * ((lane / 8) % 2) + lane % 8;
   const uint32_t lane_offset = uint32_t(row * 128 + (((lane / 16) ^ (lane % 8)) << 4));
 #pragma unroll
-  for (int b = 0; b < kCols / kStagedBox; ++b) {
+  for (int b = 0; b < 4; ++b) {
     uint8_t* box = staging + (b % 2) * kStagedBoxBytes;
     if (tid == 0) bulk_wait_read<1>();  // this buffer's previous store has read it
     named_barrier(barrier_id, 128);
@@ -77,7 +75,6 @@ __device__ void store_subtile_staged(uint8_t* staging, const CUtensorMap* map, i
       else tma_store_3d(map, box, col0 + kStagedBox * b, row0, plane);
       bulk_commit();
     }
-    tick();
   }
 }
 

@@ -32,16 +32,6 @@ inline __device__ void barrier_arrive_expect(uint64_t* bar, uint32_t bytes) {
 inline __device__ void barrier_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(shared_address(bar)) : "memory");
 }
-// One arrival on the barrier at bar's offset in the shared memory of cluster
-// block `cta` (this block's own too).
-inline __device__ void barrier_arrive_in(uint64_t* bar, uint32_t cta) {
-  asm volatile(
-      "{\n.reg .b32 remote;\n"
-      "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(shared_address(bar)),
-      "r"(cta)
-      : "memory");
-}
 // Waits until the barrier's phase of this parity has completed. A fresh
 // barrier counts its (never run) phase of parity 1 as completed.
 inline __device__ void barrier_wait(uint64_t* bar, uint32_t parity) {
@@ -52,21 +42,6 @@ inline __device__ void barrier_wait(uint64_t* bar, uint32_t parity) {
       "@!done bra WAIT;\n}\n" ::"r"(shared_address(bar)),
       "r"(parity)
       : "memory");
-}
-
-// ---- clusters ------------------------------------------------------------
-
-inline __device__ uint32_t cluster_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
-// Every thread of every block of the cluster waits for all the others
-// (release/acquire: e.g. barriers initialized before a peer signals them).
-inline __device__ void cluster_sync() {
-  asm volatile(
-      "barrier.cluster.arrive.release.aligned;\n"
-      "barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
 // ---- TMA -----------------------------------------------------------------
@@ -82,17 +57,6 @@ inline __device__ void tma_load_2d(void* dst, const void* map, uint64_t* bar, in
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%2, %3}], [%4];" ::"r"(shared_address(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(shared_address(bar))
-      : "memory");
-}
-
-// The same box into the shared memory of every cluster block in `ctas` (a
-// bit mask), at dst's offset, each completing on its barrier at bar's offset.
-inline __device__ void tma_load_2d_multicast(void* dst, const void* map, uint64_t* bar, int c0,
-                                             int c1, uint16_t ctas) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(shared_address(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(shared_address(bar)), "h"(ctas)
       : "memory");
 }
 
@@ -144,13 +108,6 @@ inline __device__ void named_barrier(int id, int threads) {
 
 // ---- warpgroup MMA --------------------------------------------------------
 
-// x, through a move the compiler cannot see through: a new register.
-inline __device__ float opaque_copy(float x) {
-  float y;
-  asm volatile("mov.b32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // The descriptor of a K-major tile in shared memory whose rows are 128 bytes
 // (64 bf16) with the TMA's 128-byte swizzle: 8-row groups 1024 bytes apart
 // (stride byte offset), leading byte offset unused (1), layout 1 = 128B
@@ -171,54 +128,51 @@ inline __device__ void wgmma_wait() {
 }
 
 // One wgmma of input type TYPE ("bf16" or "f16") on d, desc_a, desc_b and
-// accumulate, d read and written (OUT "+f") or only written (OUT "=f").
-#define FLCE_WGMMA_M64N128K16(TYPE, OUT) \
+// accumulate (the asm is the same but for the type).
+#define FLCE_WGMMA_M64N256K16(TYPE) \
 asm volatile( \
-    "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n" \
-    "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " " \
-    "{" \
-    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n" \
+    "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE " " \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
     "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n" \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
+    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+    "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
+    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+    "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 0;\n}\n" \
     : \
-    OUT(d[0]), OUT(d[1]), OUT(d[2]), OUT(d[3]), OUT(d[4]), OUT(d[5]), OUT(d[6]), OUT(d[7]), \
-    OUT(d[8]), OUT(d[9]), OUT(d[10]), OUT(d[11]), OUT(d[12]), OUT(d[13]), OUT(d[14]), OUT(d[15]), \
-    OUT(d[16]), OUT(d[17]), OUT(d[18]), OUT(d[19]), OUT(d[20]), OUT(d[21]), OUT(d[22]), OUT(d[23]), \
-    OUT(d[24]), OUT(d[25]), OUT(d[26]), OUT(d[27]), OUT(d[28]), OUT(d[29]), OUT(d[30]), OUT(d[31]), \
-    OUT(d[32]), OUT(d[33]), OUT(d[34]), OUT(d[35]), OUT(d[36]), OUT(d[37]), OUT(d[38]), OUT(d[39]), \
-    OUT(d[40]), OUT(d[41]), OUT(d[42]), OUT(d[43]), OUT(d[44]), OUT(d[45]), OUT(d[46]), OUT(d[47]), \
-    OUT(d[48]), OUT(d[49]), OUT(d[50]), OUT(d[51]), OUT(d[52]), OUT(d[53]), OUT(d[54]), OUT(d[55]), \
-    OUT(d[56]), OUT(d[57]), OUT(d[58]), OUT(d[59]), OUT(d[60]), OUT(d[61]), OUT(d[62]), OUT(d[63]) \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), \
+    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
+    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
+    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), \
+    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), \
+    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), \
+    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), \
+    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
+    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127]) \
     : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 
-// d[64 x 128] (+)= A[64 x 16] B[128 x 16]^T, both K-major in shared memory;
+// d[64 x 256] (+)= A[64 x 16] B[256 x 16]^T, both K-major in shared memory;
 // accumulate = 0 overwrites d. d's register r holds row
 // 16 warp + lane/4 + 8 ((r/2) % 2), column 8 (r/4) + 2 (lane % 4) + r % 2.
 template <bool kHalf>
-inline __device__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
+inline __device__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_a, uint64_t desc_b,
                                         int accumulate) {
   if constexpr (kHalf) {
-    FLCE_WGMMA_M64N128K16("f16", "+f");
+    FLCE_WGMMA_M64N256K16("f16");
   } else {
-    FLCE_WGMMA_M64N128K16("bf16", "+f");
+    FLCE_WGMMA_M64N256K16("bf16");
   }
 }
-
-// d = A[64 x 16] B[128 x 16]^T: as above with accumulate = 0, but d's old
-// values are not an input, so that what an epilogue wrote there while other
-// products were in flight is dead (else ptxas serializes the products,
-// C7515).
-template <bool kHalf>
-inline __device__ void wgmma_m64n128k16_first(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
-  const int accumulate = 0;
-  if constexpr (kHalf) {
-    FLCE_WGMMA_M64N128K16("f16", "=f");
-  } else {
-    FLCE_WGMMA_M64N128K16("bf16", "=f");
-  }
-}
-#undef FLCE_WGMMA_M64N128K16
+#undef FLCE_WGMMA_M64N256K16
 
 // Register reallocation between warpgroups (the producer gives its
 // registers to the consumers).
