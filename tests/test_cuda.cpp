@@ -117,6 +117,16 @@ void check_all_passes(const Case& c) {
   }
 }
 
+// The same with no argmax output requested.
+void check_all_passes_without_argmax(const Case& c) {
+  const DenseProblem d = c.problem();
+  for (Pass pass : {Pass::forward, Pass::backward, Pass::loss_and_grad}) {
+    SCOPED_TRACE(std::string(flce::pass_name(pass)) + ", no argmax");
+    expect_agreement(d, c.storage(), pass, cuda(), cuda_precision(d, c.storage()), false,
+                     WeightGradients::elementwise, false);
+  }
+}
+
 // ---- Runs everywhere: listed, and declines host memory -----------------------
 
 TEST(CudaBasics, ListedWithWhatItIsOrWhyItDeclines) {
@@ -698,6 +708,25 @@ TEST_F(CudaGpu, FusedStatesAgreeWithTheOracle) {
                                                              : GradLogitsDtype::f32));
     }
   }
+}
+
+// With no argmax output, the fused pass 1 shifts every exponent by the
+// softcap k itself where k <= 40 (epilogues.cuh, kFixedShiftMaxK), by the
+// running max above: both, on the polynomial's path (every |z| <= 0.6 k) and
+// tanhf's, alone and with the entropy's and the smoothing's sums, with bf16
+// dlogits (stashed scores where the plan stashes).
+TEST_F(CudaGpu, FusedStatesWithoutArgmaxAgreeWithTheOracle) {
+  SKIP_WITHOUT_FUSED();
+  setenv("FLCE_CUDA_TILE", "4096x4096", 1);
+  uint64_t seed = 40;
+  for (double k : {30.0, 2.0, 60.0})
+    for (double magnitude : {12.0, 80.0}) {
+      SCOPED_TRACE("softcap " + std::to_string(k) + ", logits up to " + std::to_string(magnitude));
+      const Case c = head(130, 64, 600, ++seed).stored_as(Dtype::bf16).softcap(k)
+                         .logit_magnitude(magnitude).grad_logits(GradLogitsDtype::storage);
+      check_all_passes_without_argmax(c);
+      check_all_passes_without_argmax(Case(c).with_grad_entropy().label_smoothing(0.1));
+    }
 }
 
 TEST_F(CudaGpu, FusedStatesEachOptionAlone) {

@@ -50,11 +50,12 @@ inline __device__ float exp_offset(float m) {
   const float o = m * kLog2e;
   return isfinite(m) ? fminf(fmaxf(o, -3.4028235e38f), 3.4028235e38f) : o;
 }
-inline __device__ float exp_at(float s, float offset) {
+inline __device__ float ex2_ftz(float x) {
   float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(fmaf(s, kLog2e, -offset)));
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
+inline __device__ float exp_at(float s, float offset) { return ex2_ftz(fmaf(s, kLog2e, -offset)); }
 
 inline __device__ int64_t min_index(int64_t a, int64_t b) {
   if (a < 0) return b;
@@ -83,12 +84,13 @@ inline __device__ float unstash(float ref, uint16_t code) {
 // first column: no double arithmetic or 64-bit indexing per element.
 struct TileParams {
   float a, k, inv_k;      // logit scale, softcap, 1 / softcap
-  float small_z;          // softcap_small takes |z| <= small_z (softcap_small.h)
+  SoftcapPoly poly;       // softcap_small and tanh_small for |z| <= poly.limit
+  float k_log2e;          // k log2(e) rounded once (LossArgs)
   const float* bias;      // at the tile's column 0, or null
   const float* class_w;   // likewise
 
   __device__ TileParams(const LossArgs& g, int64_t j0)
-      : a(g.a_f32), k(g.k_f32), inv_k(g.inv_k_f32), small_z(softcap_small_limit(g.k_f32)),
+      : a(g.a_f32), k(g.k_f32), inv_k(g.softcap.inv_k), poly(g.softcap), k_log2e(g.k_log2e),
         bias(g.bias_f32 ? g.bias_f32 + j0 : nullptr),
         class_w(g.class_w ? g.class_w + j0 : nullptr) {}
 
@@ -193,6 +195,15 @@ struct DlogitsRow {
     if (kForm == kPlain) return u;
     if (kForm == kPlainSoftcap) return q.k * tanhf(u * q.inv_k);
     return q.score(u, c);
+  }
+
+  // kPlainSoftcap's G from t = tanh(z / k) (the fused epilogue): the same
+  // exponent FMA as exp_at with t and k log2(e) for s and log2(e) (the
+  // policy counts k log2(e)'s rounding as it did log2(e)'s), and
+  // ds/dz = 1 - t^2 in one FMA.
+  __device__ float unrounded_from_t(float t, bool at_label) const {
+    const float d = coef_p * ex2_ftz(fmaf(t, q.k_log2e, -lse_offset));
+    return fmaf(-t, t, 1.0f) * (at_label ? d - label : d);
   }
 
   // G at column c from its score s.

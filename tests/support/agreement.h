@@ -18,11 +18,13 @@ namespace flce_test {
 // How grad_x and grad_W are judged: elementwise (every backend, exact
 // semantics), or norm-wise (within_bounds_normwise) for gradient filtering,
 // which drops terms by design. Everything else is always elementwise.
+// With argmax false the call asks for no argmax output (a backend may then
+// take another path: the cuda backend's fused pass 1 shifts by the softcap).
 enum class WeightGradients { elementwise, normwise };
 
 void expect_agreement(const DenseProblem& d, const Storage& st, flce::Pass pass,
                       const flce::RunConfig& config, Precision precision, bool in_place = false,
-                      WeightGradients judge = WeightGradients::elementwise);
+                      WeightGradients judge = WeightGradients::elementwise, bool argmax = true);
 
 // The policy for a float32 backend (cpu, cuda): f32 accumulation and logits,
 // outputs rounded to their storage, dlogits cast to the storage dtype when

@@ -302,7 +302,7 @@ Outputs run_library(const DenseProblem& d, const Storage& st, const Request& rq)
     lse = HostArray(st.outputs, 1, d.n, 1);
     if (rq.per_row_outputs) {
       logprob = HostArray(st.outputs, 1, d.n, 1);
-      argmax = HostArray(st.argmax, 1, d.n, 1);
+      if (rq.argmax) argmax = HostArray(st.argmax, 1, d.n, 1);
       entropy = HostArray(st.outputs, 1, d.n, 1);
       zloss = HostArray(st.outputs, 1, d.n, 1);
     }

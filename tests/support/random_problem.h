@@ -94,6 +94,7 @@ struct Request {
   std::vector<double> saved_lse;  // backward(): the lse forward() wrote
   bool in_place = false;          // grad_logits over the logits
   bool per_row_outputs = true;    // logprob, argmax, entropy, zloss
+  bool argmax = true;             // with per_row_outputs: argmax too
   bool gradients = true;          // grad_x, grad_w, grad_bias / grad_logits
 };
 

@@ -122,7 +122,8 @@ RowTerms row_bounds(const DenseProblem& d, const BruteForce& x, const Precision&
   for (int64_t i = 0; i < d.n; ++i) {
     const double lse = x.lse[i], mu = x.mean_s[i];
     const double eval = gv + double(d.v + 1) * (kappa + 1.0) * ua + 3.0 * ua * log_v +
-                        ua * (std::fabs(lse) + log_v) + kappa * ua * log_v + ua * std::fabs(lse) +
+                        ua * (std::fabs(lse) + log_v) + 2.0 * ua * d.options.softcap +
+                        kappa * ua * log_v + ua * std::fabs(lse) +
                         pr.u_saved_lse * std::fabs(lse);
     const double dlse = b->row_logit[i] + eval;
     t.eval[i] = eval;

@@ -54,10 +54,11 @@
 //   moves s by |d| (|s| + |z| (1 - t^2)) <= 2 u |s|). Storing the logits costs
 //   u_s |s| whether it happens before the softcap (u_s|z|(1 - t^2) <= u_s|s|)
 //   or after it. The fused sm90 kernels compute the softcap of a warp's
-//   subtile whose |z| are all <= 0.6 k as one polynomial instead
-//   (src/cuda/softcap_small.h): at most 2.91 u of relative error in s over
-//   every float of that range (measured for seven k; tests/
-//   test_softcap_small.cpp checks (kappa + 4) u), inside the same budget.
+//   subtile whose |z| are all <= 0.6 k as one polynomial instead, of s in
+//   pass 1 and of t = tanh(z/k) in pass 2 (src/cuda/softcap_small.h): at
+//   most 2.60 u of relative error in s and 4.04 u in k t over every 7th
+//   float of that range (measured for eight k; tests/test_softcap_small.cpp
+//   checks (kappa + 4) u), inside the same budget.
 // An exact logit of +-inf (an infinite logits entry) is exact: ds_ij = 0.
 // Delta_i = max_j ds_ij, the row's worst logit error.
 //
@@ -87,6 +88,15 @@
 //                                    per term, the m - s_j part inside the
 //                                    3 u ln V above (the FMA has no separate
 //                                    difference), and |m| <= |lse_i| + ln V
+//       + 2 u_a k                    with a softcap k, a shift of k itself
+//                                    instead of the max (the fused sm90
+//                                    pass 1, src/cuda/sm90/epilogues.cuh):
+//                                    o = k log2(e) rounded adds u k, and
+//                                    the FMA's u (k - s_j) = u (k - m) +
+//                                    u (m - s_j) adds u (k + |m|), |m| as
+//                                    above (its sum, in [e^-2k, V], has
+//                                    its log taken in float64 there, so the
+//                                    next term stays as it is)
 //       + kappa u_a ln V             the log of a sum in [1, V]
 //       + u_a |lse_i|                adding the max back
 //       + u_l |lse_i|                backward() reading a stored lse.
@@ -107,7 +117,9 @@
 // (the last term: with the exponent formed as one FMA s log2(e) - o,
 // o = lse log2(e) rounded, the FMA's rounding is one of the two rho counts;
 // the other's share of rho and this term, 2 u (|s| + |lse|) together,
-// cover o's rounding, u |lse|, and log2(e)'s, u |s - lse|), so
+// cover o's rounding, u |lse|, and log2(e)'s, u |s - lse|; or, where the
+// fused pass 2 forms it as t (k log2(e)) - o from t = tanh(z/k), with k
+// log2(e) rounded once, u |lse| + u |s|), so
 //   dp_ij = p_ij relP_ij + tiny(u_a)   (~ p (2 Delta + gamma_V) of the notes;
 //                                       tiny: exp underflowing to 0).
 //

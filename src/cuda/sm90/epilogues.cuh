@@ -43,19 +43,25 @@ inline __device__ void store_packed_pairs(T16* p, int quad, const uint32_t (&pac
   for (int j = 0; j < 32; ++j) *reinterpret_cast<uint32_t*>(p + 8 * j + 2 * quad) = packed[j];
 }
 
-// s = k tanh(z / k) in place over a consumer warp's subtile: the short
-// polynomial (softcap_small.h) when every |z| of the warp is within its range
-// (one vote, so the warp takes one path; a NaN z passes as NaN), else tanhf.
+// s = k tanh(z / k), or with kTanh t = tanh(z / k) (pass 2's G needs no s:
+// Dlogits), in place over a consumer warp's subtile: the polynomial
+// (softcap_small.h) when every |z| of the warp is within its range (one vote,
+// so the warp takes one path; a NaN z passes as NaN), else tanhf.
+template <bool kTanh>
 inline __device__ void softcap_subtile(float (&d)[128], const TileParams& q) {
   float m = 0.0f;
 #pragma unroll
   for (int r = 0; r < 128; ++r) m = fmaxf(m, fabsf(d[r]));
-  if (__all_sync(0xffffffffu, m <= q.small_z)) {
+  if (__all_sync(0xffffffffu, m <= q.poly.limit)) {
 #pragma unroll
-    for (int r = 0; r < 128; ++r) d[r] = softcap_small(d[r], q.inv_k);
+    for (int r = 0; r < 128; ++r)
+      d[r] = kTanh ? tanh_small(d[r], q.poly) : softcap_small(d[r], q.poly);
   } else {
 #pragma unroll
-    for (int r = 0; r < 128; ++r) d[r] = q.k * tanhf(d[r] * q.inv_k);
+    for (int r = 0; r < 128; ++r) {
+      const float t = tanhf(d[r] * q.inv_k);
+      d[r] = kTanh ? t : q.k * t;
+    }
   }
 }
 
@@ -82,6 +88,14 @@ struct StoreF32 {
     __device__ void end() {}
   };
 };
+
+// Under a softcap every s lies in [-k, k], so pass 1 may shift every exponent
+// by k itself instead of a running max: no group max or rescale per subtile.
+// e^(s - k) >= e^-2k stays normal for k <= kFixedShiftMaxK (2 k log2(e) <=
+// 115.4 < 126), and the exponents' rounding grows by at most 2 u k, which
+// the tolerance policy counts (tests/support/tolerance.h, section 2). An
+// argmax needs the true max, so it keeps the running one.
+constexpr float kFixedShiftMaxK = 40.0f;
 
 // Softmax states (gemm_states). The flags compile out what a call does not
 // need, as tile_states_kernel's do.
@@ -113,6 +127,7 @@ struct States {
     int64_t state_r0, tiles, t, c_begin, row_end;
     int quad;
     bool stash_tma;
+    bool fixed_shift;  // every row's max is k (kFixedShiftMaxK)
     const CUtensorMap* stash_map;
     uint8_t* staging;
     Row rows[2];
@@ -121,11 +136,13 @@ struct States {
                       int64_t chunk, uint8_t* staging)
         : q(e.g, 0), info(e.g.rows), states(e.states), stash(e.stash), state_r0(e.state_r0),
           tiles(e.tiles), t(e.t0 + chunk), c_begin(c_begin), row_end(grid.row_end),
-          quad(threadIdx.x % 4), stash_tma(kStash && e.stash_tma), stash_map(&e.stash_map),
+          quad(threadIdx.x % 4), stash_tma(kStash && e.stash_tma),
+          fixed_shift(kSoftcap && !kArgmax && q.k <= kFixedShiftMaxK), stash_map(&e.stash_map),
           staging(staging) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int64_t i = row_a + 8 * h;
+        if (fixed_shift) rows[h].max = q.k;
         rows[h].i = i;
         if (i < row_end) rows[h].y = load_int(e.g.labels, i);
       }
@@ -137,7 +154,7 @@ struct States {
 #pragma unroll
         for (int r = 0; r < 128; ++r) d[r] = q.z(d[r], int(n0) + column_of(r, quad));
       }
-      if (kSoftcap) softcap_subtile(d, q);
+      if (kSoftcap) softcap_subtile<false>(d, q);
       if (limit < kCols) {
 #pragma unroll
         for (int r = 0; r < 128; ++r)
@@ -203,12 +220,14 @@ struct States {
     }
 
     // Folds row h's 64 scores of this subtile: one group max and at most one
-    // rescale, then the sums in column order.
+    // rescale (none with the fixed shift), then the sums in column order.
     __device__ void fold(Row& row, const float (&d)[128], int h, int64_t n0, int limit) {
       float group_max = -kInf;
+      if (!fixed_shift) {
 #pragma unroll
-      for (int j = 0; j < 32; ++j)
-        group_max = fmaxf(group_max, fmaxf(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]));
+        for (int j = 0; j < 32; ++j)
+          group_max = fmaxf(group_max, fmaxf(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]));
+      }
       if (group_max > row.max) {
         const float f = row.max == -kInf ? 0.0f : exp_of(shift_of(row.max) - shift_of(group_max));
         row.sum_exp *= f;
@@ -322,13 +341,15 @@ struct Dlogits {
 #pragma unroll
         for (int r = 0; r < 128; ++r) d[r] = q.z(d[r], int(n0) + column_of(r, quad));
       }
-      if (kForm == kPlainSoftcap || (kForm == kGeneral && q.k > 0)) softcap_subtile(d, q);
+      // kPlainSoftcap: t = tanh(z / k) rather than s (DlogitsRow::unrounded_from_t).
+      if (kForm == kPlainSoftcap) softcap_subtile<true>(d, q);
+      if (kForm == kGeneral && q.k > 0) softcap_subtile<false>(d, q);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int64_t i = row_a + 8 * h;
         if (i >= row_end) continue;
         const Row& row = rows[h];
-        // The label's column, when this thread holds it: once per row, so
+        // The label's column, when this thread holds it (its s, or t): once per row, so
         // the branch is rarely taken and the loop below has no label test.
         const int y = row.y_col < 0 ? -1 : int(row.y_col - n0);  // Row's classes start at 0
         const bool label_here = y >= 0 && y < kCols && (y & 7) >> 1 == quad;
@@ -344,9 +365,9 @@ struct Dlogits {
         for (int r = 2 * h; r < 128; r += 4)
 #pragma unroll
           for (int k = 0; k < 2; ++k)
-            d[r + k] = rounded(row.unrounded(d[r + k], int(n0) + column_of(r + k, quad), false));
+            d[r + k] = rounded(unrounded(row, d[r + k], int(n0) + column_of(r + k, quad), false));
         if (label_here) {
-          const float g_label = rounded(row.unrounded(s_label, int(n0) + y, true));
+          const float g_label = rounded(unrounded(row, s_label, int(n0) + y, true));
 #pragma unroll
           for (int r = 2 * h; r < 128; r += 4)
 #pragma unroll
@@ -367,6 +388,12 @@ struct Dlogits {
                                   return pair_bits(out, d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
                                 });
       }
+    }
+
+    // G of the value subtile() left in place: s, or t for kPlainSoftcap.
+    static __device__ float unrounded(const Row& row, float v, int c, bool at_label) {
+      if (kForm == kPlainSoftcap) return row.unrounded_from_t(v, at_label);
+      return row.unrounded(v, c, at_label);
     }
 
     // G rounded to kRound, unless the store to T rounds it the same way.

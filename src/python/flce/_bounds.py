@@ -167,7 +167,7 @@ def block_bounds(d, pr, rows, want_grads):
     # Section 2: lse.
     gv, gv1, gv5 = gamma(v, ua), gamma(v + 1.0, ua), gamma(v + 5.0, ua)
     ev = (gv + (v + 1.0) * (KAPPA + 1.0) * ua + 3.0 * ua * log_v
-          + ua * (np.abs(lse) + log_v) + KAPPA * ua * log_v
+          + ua * (np.abs(lse) + log_v) + 2.0 * ua * d.k + KAPPA * ua * log_v
           + ua * np.abs(lse) + pr.u_saved_lse * np.abs(lse))
     dlse = delta + ev
     out["lse"] = dlse
