@@ -729,6 +729,33 @@ TEST_F(CudaGpu, FusedStatesWithoutArgmaxAgreeWithTheOracle) {
     }
 }
 
+// StashedScoresKeepNonFiniteMeaningsAndTheirBytes through the fused kernel's
+// staged codes (tiles of 256 classes, as in StashedScoresAgreeWithTheOracle):
+// a warp whose rows' maxima are not all finite takes the exact codes, the
+// others the paired conversion, here with a -inf score below a finite max
+// (epilogues.cuh, stash_subtile).
+TEST_F(CudaGpu, FusedStashedScoresKeepNonFiniteMeanings) {
+  SKIP_WITHOUT_FUSED();
+  setenv("FLCE_CUDA_TILE", "8x256", 1);
+  setenv("FLCE_CUDA_BLOCK", "16x512", 1);
+#ifdef FLCE_HAVE_CUDA
+  EXPECT_EQ(flce::cuda::make_plan(step_shapes(40, 32, 1100, Dtype::bf16), Pass::loss_and_grad)
+                .stash_cols,
+            768);
+#endif
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  for (double bad : {std::numeric_limits<double>::quiet_NaN(), kInf, -kInf}) {
+    SCOPED_TRACE("value " + std::to_string(bad));
+    const Case c = head(40, 32, 1100, 6).stored_as(Dtype::bf16)
+                       .grad_logits(GradLogitsDtype::storage).gradients_as(Dtype::bf16)
+                       .label_smoothing(0.1).logit_magnitude(6);
+    DenseProblem d = c.problem();
+    d.x[2 * d.h + 3] = bad;
+    d.w[7 * d.h + 1] = bad;  // class 7 (stashed) is non-finite in every row
+    check(d, c.storage(), Pass::loss_and_grad);
+  }
+}
+
 TEST_F(CudaGpu, FusedStatesEachOptionAlone) {
   SKIP_WITHOUT_FUSED();
   for (const Case& c : each_option_alone(fused_head)) check_all_passes(c);

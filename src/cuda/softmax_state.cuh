@@ -76,6 +76,18 @@ inline __device__ uint16_t stash_code(float ref, float s) {
   if (fabsf(d) < kInf) d = fminf(fmaxf(d, -65504.0f), 65504.0f);
   return __half_as_ushort(__float2half_rn(d));
 }
+// Two codes as one 32-bit pair (s0's in the low half), for a ref that is the
+// finite max of its scores, so that ref - s >= 0 or NaN: cvt's .satfinite
+// rounds to nearest even, takes a finite difference beyond f16's range to
+// 65504 as stash_code does and keeps a NaN, in one instruction for both. A
+// difference of +inf (s = -inf) may come out 65504 instead: it decodes to
+// a score at least 65504 below the row's max, whose p underflows to 0 just
+// as e^-inf is 0, so G is the same.
+inline __device__ uint32_t stash_code_pair_below_max(float ref, float s0, float s1) {
+  uint32_t pair;
+  asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(pair) : "f"(ref - s1), "f"(ref - s0));
+  return pair;
+}
 inline __device__ float unstash(float ref, uint16_t code) {
   return ref - __half2float(__ushort_as_half(code));
 }

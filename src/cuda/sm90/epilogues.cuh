@@ -171,6 +171,7 @@ struct States {
       const int64_t b = n0 / stash.block_cols, block_j0 = b * stash.block_cols;
       const int64_t block_cols = cuda::stash_width(stash.end, stash.block_cols, block_j0);
       float refs[2];
+      bool finite_maxima = true;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         float m = -kInf;
@@ -179,6 +180,7 @@ struct States {
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));  // the row's four threads
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
         refs[h] = shift_of(m);
+        finite_maxima = finite_maxima && isfinite(m);
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h)
@@ -191,9 +193,17 @@ struct States {
                uint32_t(stash_code(refs[h], d[4 * j + 2 * h + 1])) << 16;
       };
       if (stash_tma) {
-        store_subtile_staged<3>(staging, stash_map, int(n0 - block_j0),
-                                int(staged_first_row(rows[0].i)), int(b - stash.first_block),
-                                code_pair);
+        const int col = int(n0 - block_j0), row = int(staged_first_row(rows[0].i));
+        const int block = int(b - stash.first_block);
+        // Where every row's max is finite (one vote), the refs are those
+        // maxima and a pair's codes take one instruction (softmax_state.cuh).
+        if (__all_sync(0xffffffffu, finite_maxima)) {
+          store_subtile_staged<3>(staging, stash_map, col, row, block, [&](int j, int h) {
+            return stash_code_pair_below_max(refs[h], d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+          });
+        } else {
+          store_subtile_staged<3>(staging, stash_map, col, row, block, code_pair);
+        }
         return;
       }
 #pragma unroll
