@@ -11,17 +11,17 @@
 
 namespace flce_test {
 
-// Runs `pass` with `config` (for backward: after a forward() whose stored
-// lse it reads, adding that storage's roundoff to the policy) and checks
-// every output written against the brute force under `precision`. Expects
-// the backend `config.backend` to have run.
 // How grad_x and grad_W are judged: elementwise (every backend, exact
 // semantics), or norm-wise (within_bounds_normwise) for gradient filtering,
 // which drops terms by design. Everything else is always elementwise.
-// With argmax false the call asks for no argmax output (a backend may then
-// take another path: the cuda backend's fused pass 1 shifts by the softcap).
 enum class WeightGradients { elementwise, normwise };
 
+// Runs `pass` with `config` (for backward: after a forward() whose stored
+// lse it reads, adding that storage's roundoff to the policy) and checks
+// every output written against the brute force under `precision`. Expects
+// the backend `config.backend` to have run. With argmax false the call asks
+// for no argmax output (a backend may then take another path: the cuda
+// backend's fused pass 1 shifts by the softcap).
 void expect_agreement(const DenseProblem& d, const Storage& st, flce::Pass pass,
                       const flce::RunConfig& config, Precision precision, bool in_place = false,
                       WeightGradients judge = WeightGradients::elementwise, bool argmax = true);
