@@ -28,6 +28,12 @@ constexpr Member kMembers[] = {
     {&Problem::grad_entropy, false}, {&Problem::grad_x, true}, {&Problem::grad_w, true},
     {&Problem::grad_bias, true}, {&Problem::grad_logits, true}};
 
+}  // namespace
+
+#ifdef FLCE_HAVE_CUDA
+
+namespace {
+
 // Bytes from the first to one past the last element (non-negative strides).
 size_t span_bytes(const Tensor& t) {
   int64_t last = 0;
@@ -39,8 +45,6 @@ size_t span_bytes(const Tensor& t) {
 }
 
 }  // namespace
-
-#ifdef FLCE_HAVE_CUDA
 
 bool built_with_cuda() { return true; }
 
