@@ -114,6 +114,9 @@ TEST(SoftcapSmall, TakesNoRangeOutsideTheSoftcapsItServes) {
   EXPECT_EQ(softcap_poly(1e30).inv_k, float(1 / 1e30));  // tanhf still needs it
   EXPECT_EQ(softcap_poly(30.0).limit, 18.0f);
   EXPECT_EQ(softcap_poly(30.0).inv_k, float(1 / 30.0));
+  // k log2(e) for pass 2's exponent from t, outside the range too (tanhf's t).
+  for (double k : {30.0, 1e4})
+    EXPECT_NEAR(softcap_poly(k).k_log2e, k / std::log(2.0), k * 0x1p-23) << k;
 }
 
 }  // namespace

@@ -126,7 +126,6 @@ cuda::LossArgs loss_args(const Problem& p, const cuda::Plan& plan, const cuda::W
   g.a = o.logit_scale, g.k = o.softcap, g.e = o.label_smoothing, g.l = o.z_loss;
   g.a_f32 = float(o.logit_scale), g.k_f32 = float(o.softcap);
   g.softcap = cuda::softcap_poly(o.softcap);
-  g.k_log2e = float(o.softcap * 1.44269504088896340736);
   g.ignore_index = o.ignore_index;
   g.reduction = int(o.reduction);
   g.backward = plan.pass == Pass::backward;

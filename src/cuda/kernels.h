@@ -72,8 +72,7 @@ struct LossArgs {
   int64_t n = 0, v = 0;
   double a = 1, k = 0, e = 0, l = 0;  // logit scale, softcap, smoothing, z-loss
   float a_f32 = 1, k_f32 = 0;  // a and k for the tile kernels
-  SoftcapPoly softcap;         // 1/k (0 when k = 0) and the fused epilogues' polynomials
-  float k_log2e = 0;           // k log2(e), rounded once: pass 2's exponent from tanh(z/k)
+  SoftcapPoly softcap;         // 1/k, k log2(e) (0 when k = 0), the fused epilogues' polynomials
   int64_t ignore_index = -100;
   int reduction = 0;  // flce::Reduction
   bool backward = false;  // the lse is an input (Pass::backward)

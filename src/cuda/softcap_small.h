@@ -54,6 +54,7 @@ constexpr double kSoftcapP[4] = {
 struct SoftcapPoly {
   float limit = 0;  // the largest |z| they take (0.6 k), 0 for none
   float inv_k = 0;  // f32(1 / k), as everywhere else
+  float k_log2e = 0;  // f32(k log2(e)): pass 2's exponent t (k log2(e)) from t
   float s[4] = {0, 0, 0, 0};
   float t[4] = {0, 0, 0, 0};
 };
@@ -64,6 +65,7 @@ inline SoftcapPoly softcap_poly(double k) {
   SoftcapPoly p;
   if (!(k > 0)) return p;
   p.inv_k = float(1 / k);
+  p.k_log2e = float(k * 1.44269504088896340736);
   if (k < kSoftcapSmallMinK || k > kSoftcapSmallMaxK) return p;
   p.limit = kSoftcapSmallX * float(k);
   double scale = 1 / (k * k);  // 1 / k^(2 i + 2)

@@ -96,13 +96,12 @@ inline __device__ float unstash(float ref, uint16_t code) {
 // first column: no double arithmetic or 64-bit indexing per element.
 struct TileParams {
   float a, k, inv_k;      // logit scale, softcap, 1 / softcap
-  SoftcapPoly poly;       // softcap_small and tanh_small for |z| <= poly.limit
-  float k_log2e;          // k log2(e) rounded once (LossArgs)
+  SoftcapPoly poly;       // softcap_small and tanh_small for |z| <= poly.limit; k log2(e)
   const float* bias;      // at the tile's column 0, or null
   const float* class_w;   // likewise
 
   __device__ TileParams(const LossArgs& g, int64_t j0)
-      : a(g.a_f32), k(g.k_f32), inv_k(g.softcap.inv_k), poly(g.softcap), k_log2e(g.k_log2e),
+      : a(g.a_f32), k(g.k_f32), inv_k(g.softcap.inv_k), poly(g.softcap),
         bias(g.bias_f32 ? g.bias_f32 + j0 : nullptr),
         class_w(g.class_w ? g.class_w + j0 : nullptr) {}
 
@@ -214,7 +213,7 @@ struct DlogitsRow {
   // policy counts k log2(e)'s rounding as it did log2(e)'s), and
   // ds/dz = 1 - t^2 in one FMA.
   __device__ float unrounded_from_t(float t, bool at_label) const {
-    const float d = coef_p * ex2_ftz(fmaf(t, q.k_log2e, -lse_offset));
+    const float d = coef_p * ex2_ftz(fmaf(t, q.poly.k_log2e, -lse_offset));
     return fmaf(-t, t, 1.0f) * (at_label ? d - label : d);
   }
 
