@@ -160,23 +160,34 @@ struct States {
         for (int r = 0; r < 128; ++r)
           if (column_of(r, quad) >= limit) d[r] = -kInf;
       }
-      if (kStash) stash_subtile(d, n0, limit);
-      fold(rows[0], d, 0, n0, limit);
-      fold(rows[1], d, 1, n0, limit);
+      // Each row's max over this thread's 64 scores: the fold's group max,
+      // and the stash's ref once the row's four threads have merged theirs.
+      float maxima[2] = {-kInf, -kInf};
+      if (kStash || !fixed_shift) thread_maxima(d, maxima);
+      if (kStash) stash_subtile(d, n0, limit, maxima);
+      fold(rows[0], d, 0, n0, limit, fixed_shift ? -kInf : maxima[0]);
+      fold(rows[1], d, 1, n0, limit, fixed_shift ? -kInf : maxima[1]);
+    }
+
+    static __device__ void thread_maxima(const float (&d)[128], float (&maxima)[2]) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int j = 0; j < 32; ++j)
+          maxima[h] = fmaxf(maxima[h], fmaxf(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]));
     }
 
     // The subtile's codes f16(ref - s), ref = shift_of(the row's max over
     // the subtile), as tile_states writes a tile's (kernels.h, Stash).
-    __device__ void stash_subtile(const float (&d)[128], int64_t n0, int limit) {
+    __device__ void stash_subtile(const float (&d)[128], int64_t n0, int limit,
+                                  const float (&maxima)[2]) {
       const int64_t b = n0 / stash.block_cols, block_j0 = b * stash.block_cols;
       const int64_t block_cols = cuda::stash_width(stash.end, stash.block_cols, block_j0);
       float refs[2];
       bool finite_maxima = true;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        float m = -kInf;
-#pragma unroll
-        for (int j = 0; j < 32; ++j) m = fmaxf(m, fmaxf(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]));
+        float m = maxima[h];
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));  // the row's four threads
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
         refs[h] = shift_of(m);
@@ -229,15 +240,11 @@ struct States {
       }
     }
 
-    // Folds row h's 64 scores of this subtile: one group max and at most one
-    // rescale (none with the fixed shift), then the sums in column order.
-    __device__ void fold(Row& row, const float (&d)[128], int h, int64_t n0, int limit) {
-      float group_max = -kInf;
-      if (!fixed_shift) {
-#pragma unroll
-        for (int j = 0; j < 32; ++j)
-          group_max = fmaxf(group_max, fmaxf(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]));
-      }
+    // Folds row h's 64 scores of this subtile, whose max is group_max (-inf
+    // with the fixed shift): at most one rescale, then the sums in column
+    // order.
+    __device__ void fold(Row& row, const float (&d)[128], int h, int64_t n0, int limit,
+                         float group_max) {
       if (group_max > row.max) {
         const float f = row.max == -kInf ? 0.0f : exp_of(shift_of(row.max) - shift_of(group_max));
         row.sum_exp *= f;
