@@ -4,14 +4,15 @@ Run with Debian's interpreter (the first `python3` on PATH may lack numpy/torch)
 
     /usr/bin/python3 -m pytest -q tests/python
 
-The binary is taken from $FLCE_BIN, defaulting to /work/main/build/flce.
+The binary is taken from $FLCE_BIN, defaulting to build/flce in this checkout.
 """
 
 import os
 
 import pytest
 
-DEFAULT_FLCE_BIN = "/work/main/build/flce"
+DEFAULT_FLCE_BIN = os.path.normpath(
+    os.path.join(os.path.dirname(__file__), "..", "..", "build", "flce"))
 
 _DEPS_HINT = (
     "numpy and torch are required for tests/python; run them with Debian's "

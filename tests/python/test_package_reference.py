@@ -2,7 +2,7 @@
 checks of the independent reference they compare against.
 
 * import_flce(): imports the package from the build tree ($FLCE_PYTHONPATH,
-  default /work/main/build/python) or skips the calling module with a clear
+  default build/python in this checkout) or skips the calling module with a clear
   message when it is not built.
 * reference(): the README's semantics written directly in float64 PyTorch,
   gradients by autograd. It shares no code with flce (its storage decoding
@@ -22,7 +22,8 @@ np = pytest.importorskip("numpy", reason="needs numpy: run with /usr/bin/python3
 torch = pytest.importorskip("torch", reason="needs torch: run with /usr/bin/python3")
 F = torch.nn.functional
 
-DEFAULT_PYTHONPATH = "/work/main/build/python"
+DEFAULT_PYTHONPATH = os.path.normpath(
+    os.path.join(os.path.dirname(__file__), "..", "..", "build", "python"))
 
 
 def import_flce():
