@@ -36,13 +36,14 @@ class HostScratch {
   void* data_ = nullptr;
 };
 
-Status run_pass(const Problem& problem, Pass pass, const RunConfig& config) {
+Status run_pass(const Problem& given, Pass pass, const RunConfig& config) {
   Status status;
   Dims dims;
   status.error = validate_config(config);
   if (!status.ok()) return status;
-  status.error = validate(problem, pass, &dims);
+  status.error = validate(given, pass, &dims);
   if (!status.ok()) return status;
+  const Problem problem = with_canonical_strides(given);
   const Backend* backend = nullptr;
   status.error = choose_backend(problem, pass, config, &backend);
   if (!status.ok()) return status;
@@ -88,12 +89,13 @@ Status loss_and_grad(const Problem& problem, const RunConfig& config) {
   return run_pass(problem, Pass::loss_and_grad, config);
 }
 
-Status workspace_size(const Problem& problem, Pass pass, const RunConfig& config, size_t* bytes) {
+Status workspace_size(const Problem& given, Pass pass, const RunConfig& config, size_t* bytes) {
   Status status;
   Dims dims;
   status.error = validate_config(config);
-  if (status.ok()) status.error = validate(problem, pass, &dims);
+  if (status.ok()) status.error = validate(given, pass, &dims);
   if (!status.ok()) return status;
+  const Problem problem = with_canonical_strides(given);
   if (bytes == nullptr) {
     status.error = "bytes: null pointer";
     return status;

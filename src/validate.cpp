@@ -357,6 +357,17 @@ Dims dims_of(const Problem& p) {
   return {p.x.shape[0], p.x.shape[1], p.w.shape[vh ? 0 : 1], false};
 }
 
+Problem with_canonical_strides(const Problem& p) {
+  Problem c = p;
+  for (auto [name, t] : tensors_of(c)) {
+    for (int d = t->ndim - 1; d >= 0; --d) {
+      if (t->shape[d] != 1) continue;
+      t->stride[d] = d == t->ndim - 1 ? 1 : t->stride[d + 1] * t->shape[d + 1];
+    }
+  }
+  return c;
+}
+
 std::string validate_config(const RunConfig& config) {
   if (config.threads < 0 || config.threads > kMaxThreads)
     return format("threads = %d: must be in [0, %d] (0 = the backend's default)", config.threads,

@@ -3,8 +3,10 @@
 // decline (dtypes, devices they do not handle), never the problem's sense.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "flce/flce.h"
 
@@ -27,6 +29,28 @@ constexpr int kMaxThreads = 4096;
 
 // Checks the RunConfig's own values (threads); "" or the error.
 std::string validate_config(const RunConfig& config);
+
+// Every tensor of a problem (const or not), with its name, in the order
+// flce.h declares them.
+template <class P>
+auto tensors_of(P& p) {
+  using T = decltype(&p.x);
+  return std::array<std::pair<const char*, T>, 20>{{
+      {"x", &p.x}, {"w", &p.w}, {"bias", &p.bias}, {"logits", &p.logits},
+      {"labels", &p.labels}, {"token_weights", &p.token_weights},
+      {"class_weights", &p.class_weights}, {"loss", &p.loss}, {"lse", &p.lse},
+      {"logprob", &p.logprob}, {"argmax", &p.argmax}, {"entropy", &p.entropy},
+      {"zloss", &p.zloss}, {"grad_loss", &p.grad_loss}, {"grad_lse", &p.grad_lse},
+      {"grad_entropy", &p.grad_entropy}, {"grad_x", &p.grad_x}, {"grad_w", &p.grad_w},
+      {"grad_bias", &p.grad_bias}, {"grad_logits", &p.grad_logits}}};
+}
+
+// The problem with every size-1 dimension's stride (which addresses nothing,
+// so validate() takes any value) set to a contiguous tensor's: a [1, H]
+// view of torch's `t()` has strides [1, 1], and backends pass stride[0] on
+// as a GEMM's leading dimension, which must be >= H. Done once in front of
+// every backend (src/api.cpp).
+Problem with_canonical_strides(const Problem& problem);
 
 // Dims of a problem already validated.
 Dims dims_of(const Problem& problem);

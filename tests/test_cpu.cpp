@@ -249,6 +249,40 @@ TEST(CpuEdge, NaNAndInfRows) {
   }
 }
 
+// Views whose strides a GEMM cannot take as they are: size-1 dimensions of
+// stride 0 (api.cpp makes them contiguous for every backend) and x and W
+// whose rows overlap (the cpu backend copies such a W): the policy of
+// contiguous arrays.
+TEST(CpuStrides, SizeOneDimensionsOfStride0) {
+  const int64_t shapes[][3] = {{1, 24, 40}, {5, 24, 1}, {4, 1, 40}, {1, 1, 1}};
+  for (const auto& s : shapes) {
+    for (WeightLayout layout : {WeightLayout::vh, WeightLayout::hv}) {
+      SCOPED_TRACE(std::to_string(s[0]) + " x " + std::to_string(s[1]) + " x " +
+                   std::to_string(s[2]) + (layout == WeightLayout::vh ? ", vh" : ", hv"));
+      const Case c = head(s[0], s[1], s[2]).layout(layout).with_bias();
+      const DenseProblem d = c.problem();
+      for (Pass pass : {Pass::forward, Pass::backward, Pass::loss_and_grad})
+        expect_agreement(d, c.storage(), pass, cpu(), cpu_precision(d, c.storage()), false,
+                         WeightGradients::elementwise, true, Views::size_one_stride_0);
+    }
+  }
+}
+
+TEST(CpuStrides, InputsWhoseRowsOverlap) {
+  for (Dtype storage : {Dtype::f32, Dtype::bf16}) {
+    for (WeightLayout layout : {WeightLayout::vh, WeightLayout::hv}) {
+      SCOPED_TRACE(std::string(flce::dtype_name(storage)) +
+                   (layout == WeightLayout::vh ? ", vh" : ", hv"));
+      const Case c = head(9, 24, kTile + 9).layout(layout).stored_as(storage);
+      DenseProblem d = c.problem();
+      make_hankel_inputs(&d);
+      for (Pass pass : {Pass::forward, Pass::loss_and_grad})
+        expect_agreement(d, c.storage(), pass, cpu(), cpu_precision(d, c.storage()), false,
+                         WeightGradients::elementwise, true, Views::overlapping_rows);
+    }
+  }
+}
+
 TEST(CpuGemm, EveryEngineAgrees) {
   for (const flce::cpu::GemmEngine* engine : flce::cpu::gemm_engines()) {
     SCOPED_TRACE(engine->name());

@@ -89,13 +89,17 @@ void load_rows(const Tensor& x, int64_t i0, int64_t rows, Dtype dtype, void* out
   convert_region(x, i0 * x.stride[0], x.stride[0], x.stride[1], rows, x.shape[1], dtype, out);
 }
 
+bool w_in_place(const Tensor& w, Dtype dtype) {
+  return w.dtype == dtype && w.stride[1] == 1 && w.stride[0] >= w.shape[1];
+}
+
 WPiece w_piece(const Tensor& w, WeightLayout layout, int64_t j0, int64_t n, int64_t h0, int64_t hc,
                Dtype dtype, void* scratch) {
   const bool vh = layout == WeightLayout::vh;
   // Strides of W along the vocabulary and along the hidden dimension.
   const int64_t sj = vh ? w.stride[0] : w.stride[1], sh = vh ? w.stride[1] : w.stride[0];
   const int64_t start = j0 * sj + h0 * sh;
-  if (w.dtype == dtype && w.stride[1] == 1) {
+  if (w_in_place(w, dtype)) {
     const char* base = static_cast<const char*>(w.data) + start * int64_t(dtype_size(dtype));
     return {base, w.stride[0], vh};
   }

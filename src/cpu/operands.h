@@ -19,8 +19,13 @@ struct WPiece {
   int64_t ld;
   bool vocab_major;  // (j, h) at data[(j - j0) * ld + (h - h0)]; else data[(h - h0) * ld + (j - j0)]
 };
-// In place when W already has `dtype` and a unit inner stride; otherwise
-// converted into `scratch` (room for n * hc elements), vocab-major.
+// Whether the GEMMs may read W in place as `dtype`: W has that dtype, a unit
+// inner stride and rows that do not overlap (a leading dimension of at least
+// a row, as BLAS needs; an input's rows may overlap, e.g. a strided window).
+bool w_in_place(const Tensor& w, Dtype dtype);
+
+// In place when w_in_place(w, dtype); otherwise converted into `scratch`
+// (room for n * hc elements), vocab-major.
 WPiece w_piece(const Tensor& w, WeightLayout layout, int64_t j0, int64_t n, int64_t h0, int64_t hc,
                Dtype dtype, void* scratch);
 

@@ -1,6 +1,7 @@
 #include "cpu/plan.h"
 
 #include "common/loss_terms.h"
+#include "cpu/operands.h"
 
 #include <omp.h>
 
@@ -318,7 +319,7 @@ bool g16_copies(const Plan& plan, const Problem& p) {
 bool w_converted(const Plan& plan, const Problem& p) {
   if (plan.d.logits_entry) return false;
   const bool grads = plan.pass != Pass::forward;
-  return p.w.stride[1] != 1 || p.w.dtype != plan.logits_gemm || (grads && p.w.dtype != plan.grad_gemm);
+  return !w_in_place(p.w, plan.logits_gemm) || (grads && !w_in_place(p.w, plan.grad_gemm));
 }
 
 // Sizes in bytes of each workspace piece, in carve order.

@@ -526,8 +526,8 @@ void grad_hidden_task(const Context& c, const ScoreBlock& blk, int64_t r0, int64
   const Plan& plan = c.plan;
   const int64_t H = plan.d.h, V = plan.d.v;
   const bool bf16 = plan.grad_gemm == Dtype::bf16;
-  const bool w_in_place = c.p.w.dtype == plan.grad_gemm && c.p.w.stride[1] == 1;
-  const bool tile_by_tile = !w_in_place || (bf16 && !plan.g16_by_rows());  // Plan::compact_bf16_g
+  const bool tile_by_tile =  // Plan::compact_bf16_g
+      !w_in_place(c.p.w, plan.grad_gemm) || (bf16 && !plan.g16_by_rows());
   auto kept = [&](int64_t t) { return !plan.filter || c.ws.kept[t]; };
   bool first = !accumulate;
   for (int64_t t0 = t_begin; t0 < t_end;) {

@@ -6,10 +6,11 @@ namespace flce_test {
 
 void expect_agreement(const DenseProblem& d, const Storage& st, flce::Pass pass,
                       const flce::RunConfig& config, Precision precision, bool in_place,
-                      WeightGradients judge, bool argmax) {
+                      WeightGradients judge, bool argmax, Views views) {
   const BruteForce exact = brute_force(d);
   Request rq;
   rq.config = config;
+  rq.views = views;
   rq.in_place = in_place;
   rq.argmax = argmax;
   if (pass == flce::Pass::backward) {

@@ -21,10 +21,12 @@ enum class WeightGradients { elementwise, normwise };
 // every output written against the brute force under `precision`. Expects
 // the backend `config.backend` to have run. With argmax false the call asks
 // for no argmax output (a backend may then take another path: the cuda
-// backend's fused pass 1 shifts by the softcap).
+// backend's fused pass 1 shifts by the softcap). `views` lays the arrays
+// out (random_problem.h).
 void expect_agreement(const DenseProblem& d, const Storage& st, flce::Pass pass,
                       const flce::RunConfig& config, Precision precision, bool in_place = false,
-                      WeightGradients judge = WeightGradients::elementwise, bool argmax = true);
+                      WeightGradients judge = WeightGradients::elementwise, bool argmax = true,
+                      Views views = Views::contiguous);
 
 // The policy for a float32 backend (cpu, cuda): f32 accumulation and logits,
 // outputs rounded to their storage, dlogits cast to the storage dtype when

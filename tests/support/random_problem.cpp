@@ -6,8 +6,11 @@
 #include <limits>
 #include <utility>
 
+#include <gtest/gtest.h>
+
 #include "common/float16.h"
 #include "cuda/device_copy.h"
+#include "validate.h"
 
 namespace flce_test {
 namespace {
@@ -276,6 +279,54 @@ DenseProblem Case::problem() const {
 
 // ---- Running the library ---------------------------------------------------
 
+namespace {
+
+// The b of a Hankel [rows, cols] matrix a[i][c] = b[i + c]: its first row,
+// then its last column.
+std::vector<double> hankel_base(const std::vector<double>& a, int64_t rows, int64_t cols) {
+  std::vector<double> b(a.begin(), a.begin() + cols);
+  for (int64_t i = 1; i < rows; ++i) b.push_back(a[i * cols + cols - 1]);
+  return b;
+}
+
+void make_hankel(std::vector<double>* a, int64_t rows, int64_t cols) {
+  const std::vector<double> b = hankel_base(*a, rows, cols);
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t c = 0; c < cols; ++c) (*a)[i * cols + c] = b[i + c];
+}
+
+// An array for the Hankel matrix `a`, stored as its r + c - 1 values; view()
+// of it is [r + c - 1], which overlapping_view() reshapes.
+HostArray hankel_array(const std::vector<double>& a, flce::Dtype dtype, int64_t rows,
+                       int64_t cols) {
+  const std::vector<double> b = hankel_base(a, rows, cols);
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t c = 0; c < cols; ++c)
+      EXPECT_EQ(a[i * cols + c], b[i + c]) << "not Hankel at (" << i << ", " << c << ")";
+  return HostArray::of(b, dtype, 1, rows + cols - 1);
+}
+
+flce::Tensor overlapping_view(flce::Tensor base, int64_t rows, int64_t cols) {
+  base.ndim = 2;
+  base.shape[0] = rows, base.shape[1] = cols;
+  base.stride[0] = 1, base.stride[1] = 1;
+  return base;
+}
+
+void stride_0_where_size_1(flce::Problem* p) {
+  for (auto [name, t] : flce::tensors_of(*p))
+    for (int d = 0; d < t->ndim; ++d)
+      if (t->shape[d] == 1) t->stride[d] = 0;
+}
+
+}  // namespace
+
+void make_hankel_inputs(DenseProblem* d) {
+  const bool vh = d->w_layout == flce::WeightLayout::vh;
+  make_hankel(&d->x, d->n, d->h);
+  make_hankel(&d->w, vh ? d->v : d->h, vh ? d->h : d->v);
+}
+
 Outputs run_library(const DenseProblem& d, const Storage& st, const Request& rq) {
   const bool fwd = rq.pass != flce::Pass::backward, bwd = rq.pass != flce::Pass::forward;
   const bool vh = d.w_layout == flce::WeightLayout::vh;
@@ -284,11 +335,17 @@ Outputs run_library(const DenseProblem& d, const Storage& st, const Request& rq)
     return v.empty() ? HostArray() : HostArray::of(v, dtype, ndim, rows);
   };
   HostArray x, w, bias, logits;
+  const int64_t w_rows = vh ? d.v : d.h, w_cols = vh ? d.h : d.v;
+  const bool overlapping = rq.views == Views::overlapping_rows && !d.logits_entry;
   if (d.logits_entry) {
     logits = HostArray::of(d.logits, st.inputs, 2, d.n, d.v);
+  } else if (overlapping) {
+    x = hankel_array(d.x, st.inputs, d.n, d.h);
+    w = hankel_array(d.w, st.inputs, w_rows, w_cols);
+    bias = optional(d.bias, st.inputs, 1, d.v);
   } else {
     x = HostArray::of(d.x, st.inputs, 2, d.n, d.h);
-    w = HostArray::of(d.w, st.inputs, 2, vh ? d.v : d.h, vh ? d.h : d.v);
+    w = HostArray::of(d.w, st.inputs, 2, w_rows, w_cols);
     bias = optional(d.bias, st.inputs, 1, d.v);
   }
   std::vector<double> labels(d.labels.begin(), d.labels.end());
@@ -324,8 +381,8 @@ Outputs run_library(const DenseProblem& d, const Storage& st, const Request& rq)
   }
 
   flce::Problem p;
-  p.x = x.view();
-  p.w = w.view();
+  p.x = overlapping ? overlapping_view(x.view(), d.n, d.h) : x.view();
+  p.w = overlapping ? overlapping_view(w.view(), w_rows, w_cols) : w.view();
   p.w_layout = d.w_layout;
   p.bias = bias.view();
   p.logits = logits.view();
@@ -346,6 +403,7 @@ Outputs run_library(const DenseProblem& d, const Storage& st, const Request& rq)
   p.grad_w = grad_w.view();
   p.grad_bias = grad_bias.view();
   p.grad_logits = rq.in_place && bwd && rq.gradients ? logits.view() : grad_logits.view();
+  if (rq.views == Views::size_one_stride_0) stride_0_where_size_1(&p);
 
   Outputs out;
   // The cuda backend runs on device copies of the arrays (outputs included,

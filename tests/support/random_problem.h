@@ -88,8 +88,25 @@ struct Outputs {
   std::vector<double> grad_x, grad_w, grad_bias, grad_logits;
 };
 
+// How run_library lays out the arrays it hands to the library.
+enum class Views {
+  contiguous,
+  // Every size-1 dimension's stride 0 (torch's expand; a [1, H] `t()` view
+  // has [1, 1]): strides that address nothing, which a GEMM cannot take as
+  // its leading dimension.
+  size_one_stride_0,
+  // x and W as views whose rows overlap (strides [1, 1] over r + c - 1
+  // values): the problem's x and W must be Hankel (make_hankel_inputs).
+  overlapping_rows,
+};
+
+// Rewrites x and W (a head problem) as Hankel matrices, a[i][c] = b[i + c],
+// from values they hold, so that Views::overlapping_rows can store them.
+void make_hankel_inputs(DenseProblem* d);
+
 struct Request {
   flce::Pass pass = flce::Pass::loss_and_grad;
+  Views views = Views::contiguous;
   flce::RunConfig config;
   std::vector<double> saved_lse;  // backward(): the lse forward() wrote
   bool in_place = false;          // grad_logits over the logits
