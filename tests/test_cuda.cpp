@@ -405,9 +405,21 @@ TEST(CudaPlan, StashesWholeBlocksThatFitInGradWOnlyForBf16Dlogits) {
   setenv("FLCE_CUDA_STASH", "0", 1);
   EXPECT_EQ(plan(llama).stash_cols, 0);
   setenv("FLCE_CUDA_STASH", "on", 1);
-  EXPECT_NE(flce::cuda::check_stash_env().find("FLCE_CUDA_STASH = 'on'"), std::string::npos);
+  EXPECT_NE(flce::cuda::check_plan_env().find("FLCE_CUDA_STASH = 'on'"), std::string::npos);
   unsetenv("FLCE_CUDA_STASH");
-  EXPECT_EQ(flce::cuda::check_stash_env(), "");
+  EXPECT_EQ(flce::cuda::check_plan_env(), "");
+  // The tile and block overrides: RxC, both at least 1, and nothing else.
+  for (const char* name : {"FLCE_CUDA_TILE", "FLCE_CUDA_BLOCK"}) {
+    for (const char* bad : {"4096", "0x8", "8x-1", "8x8x8", "8xy", ""}) {
+      setenv(name, bad, 1);
+      EXPECT_NE(flce::cuda::check_plan_env().find(std::string(name) + " = '" + bad + "'"),
+                std::string::npos)
+          << name << " = '" << bad << "'";
+    }
+    setenv(name, "7x13", 1);
+    EXPECT_EQ(flce::cuda::check_plan_env(), "");
+    unsetenv(name);
+  }
 }
 
 // Runs without a GPU: the gradient block that a fused plan for an H100
@@ -557,6 +569,37 @@ TEST_F(CudaGpu, MalformedStashValueIsAnErrorNamingIt) {
   unsetenv("FLCE_CUDA_STASH");
   EXPECT_FALSE(out.status.ok());
   EXPECT_NE(out.status.error.find("FLCE_CUDA_STASH = 'yes'"), std::string::npos) << out.status.error;
+}
+
+// Size-1 dimensions of stride 0 (api.cpp makes them contiguous), on both
+// paths; x or W whose rows overlap are declined with the reason.
+TEST_F(CudaGpu, SizeOneDimensionsOfStride0) {
+  const int64_t shapes[][3] = {{1, 24, 40}, {5, 24, 1}, {1, 8, 300}};
+  for (const auto& s : shapes) {
+    for (Dtype storage : {Dtype::f32, Dtype::bf16}) {
+      SCOPED_TRACE(std::to_string(s[0]) + " x " + std::to_string(s[1]) + " x " +
+                   std::to_string(s[2]) + ", " + flce::dtype_name(storage));
+      const Case c = head(s[0], s[1], s[2]).stored_as(storage).with_bias();
+      const DenseProblem d = c.problem();
+      for (Pass pass : {Pass::forward, Pass::loss_and_grad})
+        expect_agreement(d, c.storage(), pass, cuda(), cuda_precision(d, c.storage()), false,
+                         WeightGradients::elementwise, true, Views::size_one_stride_0);
+    }
+  }
+}
+
+TEST_F(CudaGpu, InputsWhoseRowsOverlapAreDeclined) {
+  const Case c = head(9, 24, 40);
+  DenseProblem d = c.problem();
+  make_hankel_inputs(&d);
+  Request rq;
+  rq.config = cuda();
+  rq.views = Views::overlapping_rows;
+  const Outputs out = run_library(d, c.storage(), rq);
+  ASSERT_FALSE(out.status.ok());
+  EXPECT_NE(out.status.error.find("x: its rows overlap (stride[0] = 1 < 24 columns)"),
+            std::string::npos)
+      << out.status.error;
 }
 
 // ---- The command line ----------------------------------------------------------

@@ -15,10 +15,12 @@
 #include <string>
 #include <tuple>
 
+#include "cuda/gemm.h"
 #include "cuda/kernels.h"
 #include "cuda/passes.h"
 #include "cuda/plan.h"
 #include "cuda/sm90/score_gemms.h"
+#include "validate.h"
 
 namespace flce {
 namespace {
@@ -58,30 +60,22 @@ struct Named {
 
 // Every tensor must be device memory of the device the views name.
 std::string pointer_problem(const Problem& p) {
-  const Named all[] = {{"x", &p.x}, {"w", &p.w}, {"bias", &p.bias}, {"logits", &p.logits},
-                       {"labels", &p.labels}, {"token_weights", &p.token_weights},
-                       {"class_weights", &p.class_weights}, {"loss", &p.loss}, {"lse", &p.lse},
-                       {"logprob", &p.logprob}, {"argmax", &p.argmax}, {"entropy", &p.entropy},
-                       {"zloss", &p.zloss}, {"grad_loss", &p.grad_loss}, {"grad_lse", &p.grad_lse},
-                       {"grad_entropy", &p.grad_entropy}, {"grad_x", &p.grad_x},
-                       {"grad_w", &p.grad_w}, {"grad_bias", &p.grad_bias},
-                       {"grad_logits", &p.grad_logits}};
-  for (const Named& a : all) {
-    if (!a.t->present() || a.t->data == nullptr) continue;
+  for (auto [name, t] : tensors_of(p)) {
+    if (!t->present() || t->data == nullptr) continue;
     cudaPointerAttributes attr{};
-    const cudaError_t e = cudaPointerGetAttributes(&attr, a.t->data);
+    const cudaError_t e = cudaPointerGetAttributes(&attr, t->data);
     if (e != cudaSuccess) {
       cudaGetLastError();
-      return std::string(a.name) + ": " + cuda_error("cudaPointerGetAttributes", e);
+      return std::string(name) + ": " + cuda_error("cudaPointerGetAttributes", e);
     }
     const bool device_memory =
         attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
     if (!device_memory)
-      return std::string(a.name) + ": the view says cuda:" + std::to_string(a.t->device_index) +
+      return std::string(name) + ": the view says cuda:" + std::to_string(t->device_index) +
              " but its pointer is host memory";
-    if (attr.device != a.t->device_index)
-      return std::string(a.name) + ": the pointer belongs to cuda:" + std::to_string(attr.device) +
-             ", the view says cuda:" + std::to_string(a.t->device_index);
+    if (attr.device != t->device_index)
+      return std::string(name) + ": the pointer belongs to cuda:" + std::to_string(attr.device) +
+             ", the view says cuda:" + std::to_string(t->device_index);
   }
   return "";
 }
@@ -97,10 +91,21 @@ std::string layout_problem(const Problem& p) {
     if (a.t->present() && a.t->dtype != storage)
       return std::string("the cuda backend needs x, w and bias in one dtype; x is ") +
              dtype_name(storage) + ", " + a.name + " is " + dtype_name(a.t->dtype);
+  // The GEMMs' operands: rows of unit stride that do not overlap (cuBLAS
+  // needs a leading dimension of at least a row; inputs may overlap).
   for (const Named& a : {Named{"x", &p.x}, Named{"w", &p.w}}) {
     if (a.t->shape[1] > 1 && a.t->stride[1] != 1)
       return std::string(a.name) + ": the cuda backend's GEMMs need unit column stride; stride " +
              std::to_string(a.t->stride[1]) + " (make it contiguous)";
+    if (a.t->stride[0] < a.t->shape[1])
+      return std::string(a.name) + ": its rows overlap (stride[0] = " +
+             std::to_string(a.t->stride[0]) + " < " + std::to_string(a.t->shape[1]) +
+             " columns); the cuda backend's GEMMs need stride[0] >= the row (make it contiguous)";
+  }
+  // Every GEMM operand's and result's dimensions and leading dimension.
+  for (const Named& a : {Named{"x", &p.x}, Named{"w", &p.w}, Named{"grad_x", &p.grad_x},
+                         Named{"grad_w", &p.grad_w}}) {
+    if (!a.t->present()) continue;
     if (a.t->stride[0] > INT_MAX || a.t->shape[0] > INT_MAX || a.t->shape[1] > INT_MAX)
       return std::string(a.name) + ": a dimension or stride above 2^31 - 1 (cuBLAS' int limit)";
   }
@@ -143,42 +148,49 @@ cuda::LossArgs loss_args(const Problem& p, const cuda::Plan& plan, const cuda::W
   return g;
 }
 
+// Element i of the 1-D device tensor t, as text ("" and the error in *error
+// when the copy fails).
+std::string element_text(const Tensor& t, int64_t i, cudaStream_t stream, std::string* error) {
+  unsigned char raw[8] = {};
+  const size_t size = dtype_size(t.dtype);
+  const char* at = static_cast<const char*>(t.data) + i * t.stride[0] * int64_t(size);
+  cudaError_t e = cudaMemcpyAsync(raw, at, size, cudaMemcpyDeviceToHost, stream);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+  if (e != cudaSuccess) {
+    *error = cuda_error("cuda backend: reading a bad value back", e);
+    return "";
+  }
+  char text[64] = "";
+  switch (t.dtype) {
+    case Dtype::i32: std::snprintf(text, sizeof text, "%d", *reinterpret_cast<int32_t*>(raw)); break;
+    case Dtype::i64:
+      std::snprintf(text, sizeof text, "%lld", (long long)*reinterpret_cast<int64_t*>(raw));
+      break;
+    case Dtype::f32: std::snprintf(text, sizeof text, "%g", *reinterpret_cast<float*>(raw)); break;
+    case Dtype::f64: std::snprintf(text, sizeof text, "%g", *reinterpret_cast<double*>(raw)); break;
+    default: break;
+  }
+  return text;
+}
+
 // The label range and weight signs, checked on the device (validate() only
 // reads host memory); the message matches validate()'s.
 std::string check_values(const Problem& p, const cuda::Scalars& s, cudaStream_t stream) {
-  auto read = [&](const Tensor& t, int64_t i, double* out) {
-    unsigned char raw[8] = {};
-    const size_t size = dtype_size(t.dtype);
-    cudaMemcpyAsync(raw, static_cast<const char*>(t.data) + i * t.stride[0] * int64_t(size), size,
-                    cudaMemcpyDeviceToHost, stream);
-    cudaStreamSynchronize(stream);
-    *out = 0;
-    switch (t.dtype) {
-      case Dtype::i32: *out = *reinterpret_cast<int32_t*>(raw); break;
-      case Dtype::i64: *out = double(*reinterpret_cast<int64_t*>(raw)); break;
-      case Dtype::f32: *out = *reinterpret_cast<float*>(raw); break;
-      case Dtype::f64: *out = *reinterpret_cast<double*>(raw); break;
-      default: break;
-    }
-  };
-  char msg[256];
-  double v = 0;
+  std::string error;
   if (s.bad_label != INT64_MAX) {
-    read(p.labels, s.bad_label, &v);
-    std::snprintf(msg, sizeof msg,
-                  "labels[%lld] = %lld is outside [0, V) with V = %lld and is not ignore_index "
-                  "(%lld)",
-                  (long long)s.bad_label, (long long)v, (long long)dims_of(p).v,
-                  (long long)p.options.ignore_index);
-    return msg;
+    const std::string v = element_text(p.labels, s.bad_label, stream, &error);
+    if (!error.empty()) return error;
+    return "labels[" + std::to_string(s.bad_label) + "] = " + v + " is outside [0, V) with V = " +
+           std::to_string(dims_of(p).v) + " and is not ignore_index (" +
+           std::to_string(p.options.ignore_index) + ")";
   }
   for (auto [name, t, at] : {std::tuple{"token_weights", &p.token_weights, s.bad_token_weight},
                              std::tuple{"class_weights", &p.class_weights, s.bad_class_weight}}) {
     if (at == INT64_MAX) continue;
-    read(*t, at, &v);
-    std::snprintf(msg, sizeof msg, "%s[%lld] = %g: weights must be finite and >= 0", name,
-                  (long long)at, v);
-    return msg;
+    const std::string v = element_text(*t, at, stream, &error);
+    if (!error.empty()) return error;
+    return std::string(name) + "[" + std::to_string(at) + "] = " + v +
+           ": weights must be finite and >= 0";
   }
   return "";
 }
@@ -190,13 +202,16 @@ std::string run_passes(const Problem& p, Pass pass, cudaStream_t stream, void* w
   cuda::prepare(args, ws.class_w, ws.bias, stream);
   if (auto e = cuda::last_launch_error("prepare"); !e.empty()) return e;
   cuda::Scalars scalars{};
-  cudaMemcpyAsync(&scalars, ws.scalars, sizeof scalars, cudaMemcpyDeviceToHost, stream);
-  if (cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess)
-    return cuda_error("cuda backend: checking labels and weights", e);
+  cudaError_t copied =
+      cudaMemcpyAsync(&scalars, ws.scalars, sizeof scalars, cudaMemcpyDeviceToHost, stream);
+  if (copied == cudaSuccess) copied = cudaStreamSynchronize(stream);
+  if (copied != cudaSuccess) return cuda_error("cuda backend: checking labels and weights", copied);
   if (auto e = check_values(p, scalars, stream); !e.empty()) return e;
+  // From here on the passes write the outputs (and pass 1 the stash, into grad_w).
   const cuda::Context c{p, plan, ws, args, stream};
   std::string error = cuda::statistics_pass(c);
   if (error.empty() && plan.grads) error = cuda::gradient_pass(c);
+  if (!error.empty()) error += " (the outputs may be partly written)";
   return error;
 }
 
@@ -236,10 +251,11 @@ class CudaBackend final : public Backend {
                   RunStats*) const override {
     if (!config.gemm.empty() && config.gemm != "cublas")
       return "gemm = '" + config.gemm + "': the cuda backend's GEMMs are cuBLAS ('cublas' or empty)";
-    if (auto e = cuda::check_stash_env(); !e.empty()) return e;
+    if (auto e = cuda::check_plan_env(); !e.empty()) return e;
     if (auto e = cuda::sm90::check_fused_env(); !e.empty()) return e;
     const Tensor& first = p.logits.present() ? p.logits : p.x;
     DeviceGuard guard(first.device_index);
+    if (auto e = cuda::ready_gemm_handle(); !e.empty()) return e;
     cudaStream_t stream = static_cast<cudaStream_t>(config.stream);
     void* owned = nullptr;
     if (workspace == nullptr) {
@@ -252,7 +268,10 @@ class CudaBackend final : public Backend {
       workspace = owned;
     }
     std::string error = run_passes(p, pass, stream, workspace);
-    if (owned) cudaFreeAsync(owned, stream);
+    if (owned) {
+      if (cudaError_t e = cudaFreeAsync(owned, stream); e != cudaSuccess && error.empty())
+        error = cuda_error("cuda backend: freeing the workspace", e);
+    }
     if (error.empty()) error = cuda::last_launch_error("after the passes");
     return error;
   }

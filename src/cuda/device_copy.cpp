@@ -92,26 +92,35 @@ std::string DeviceProblem::upload(const Problem& host, int device) {
   if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess)
     return "cannot use CUDA device " + std::to_string(device) + ": " + cudaGetErrorString(e);
   device_ = host;
+  // One copy per host pointer, as long as the longest tensor that starts
+  // there: aliases share it (logits and grad_logits in place; two inputs
+  // of different lengths on one buffer).
+  std::vector<Copy> wanted;
   for (const Member& m : kMembers) {
     const Tensor& h = host.*m.field;
-    Tensor& d = device_.*m.field;
     if (!h.present()) continue;
-    void* ptr = nullptr;
-    for (const Copy& c : copies_)
-      if (c.host == h.data) ptr = c.device;  // an alias: share the copy
-    if (ptr == nullptr) {
-      const size_t bytes = span_bytes(h);
-      if (cudaError_t e = cudaMalloc(&ptr, bytes ? bytes : 1); e != cudaSuccess)
-        return "cannot allocate " + std::to_string(bytes) + " bytes on cuda:" +
-               std::to_string(device) + ": " + cudaGetErrorString(e);
-      copies_.push_back({h.data, ptr, bytes});
-      if (bytes && h.data != nullptr) {
-        if (cudaError_t e = cudaMemcpy(ptr, h.data, bytes, cudaMemcpyHostToDevice);
-            e != cudaSuccess)
-          return std::string("copying to the device: ") + cudaGetErrorString(e);
-      }
+    auto same = std::find_if(wanted.begin(), wanted.end(),
+                             [&](const Copy& c) { return c.host == h.data; });
+    if (same == wanted.end()) wanted.push_back({h.data, nullptr, span_bytes(h)});
+    else same->bytes = std::max(same->bytes, span_bytes(h));
+  }
+  for (Copy c : wanted) {
+    if (cudaError_t e = cudaMalloc(&c.device, c.bytes ? c.bytes : 1); e != cudaSuccess)
+      return "cannot allocate " + std::to_string(c.bytes) + " bytes on cuda:" +
+             std::to_string(device) + ": " + cudaGetErrorString(e);
+    copies_.push_back(c);
+    if (c.bytes && c.host != nullptr) {
+      if (cudaError_t e = cudaMemcpy(c.device, c.host, c.bytes, cudaMemcpyHostToDevice);
+          e != cudaSuccess)
+        return std::string("copying to the device: ") + cudaGetErrorString(e);
     }
-    d.data = ptr;
+  }
+  for (const Member& m : kMembers) {
+    Tensor& d = device_.*m.field;
+    if (!d.present()) continue;
+    d.data = std::find_if(copies_.begin(), copies_.end(), [&](const Copy& c) {
+               return c.host == d.data;
+             })->device;
     d.device = Device::cuda;
     d.device_index = device;
   }

@@ -4,6 +4,8 @@
 #include <cuda_runtime.h>
 
 #include <map>
+#include <mutex>
+#include <vector>
 
 namespace flce::cuda {
 namespace {
@@ -16,21 +18,60 @@ cudaDataType_t cuda_type(Dtype d) {
   }
 }
 
+// cuBLAS handles (each with its device workspace) of threads that have
+// exited, per device, for the next threads to take: a program that calls
+// from a new thread per request then holds as many handles as it has
+// threads at once, not one per thread it ever ran. Never destroyed: at
+// process exit the CUDA runtime may already be gone.
+struct IdleHandles {
+  std::mutex mutex;
+  std::map<int, std::vector<cublasHandle_t>> by_device;
+};
+IdleHandles& idle_handles() {
+  static IdleHandles* idle = new IdleHandles;
+  return *idle;
+}
+
 // One handle per host thread and device: cuBLAS handles are not to be
-// shared between threads that call concurrently.
+// shared between threads that call concurrently. A thread's handles go
+// back to the idle ones when it exits.
+struct ThreadHandles {
+  std::map<int, cublasHandle_t> by_device;
+  ~ThreadHandles() {
+    IdleHandles& idle = idle_handles();
+    std::lock_guard<std::mutex> lock(idle.mutex);
+    for (const auto& [device, h] : by_device) idle.by_device[device].push_back(h);
+  }
+};
+
+cublasHandle_t take_idle_handle(int device) {
+  IdleHandles& idle = idle_handles();
+  std::lock_guard<std::mutex> lock(idle.mutex);
+  std::vector<cublasHandle_t>& handles = idle.by_device[device];
+  if (handles.empty()) return nullptr;
+  const cublasHandle_t h = handles.back();
+  handles.pop_back();
+  return h;
+}
+
 std::string handle_for_current_device(cublasHandle_t* out) {
-  thread_local std::map<int, cublasHandle_t> handles;
+  thread_local ThreadHandles mine;
   int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return "cuda backend: cudaGetDevice failed";
-  auto it = handles.find(device);
-  if (it == handles.end()) {
-    cublasHandle_t h = nullptr;
-    const cublasStatus_t s = cublasCreate(&h);
-    if (s != CUBLAS_STATUS_SUCCESS)
-      return std::string("cuda backend: cublasCreate: ") + cublasGetStatusString(s);
-    // Plain f32 math: no TF32 for f32 operands (cuBLAS' default, made explicit).
-    cublasSetMathMode(h, CUBLAS_DEFAULT_MATH);
-    it = handles.emplace(device, h).first;
+  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess)
+    return std::string("cuda backend: cudaGetDevice: ") + cudaGetErrorString(e);
+  auto it = mine.by_device.find(device);
+  if (it == mine.by_device.end()) {
+    cublasHandle_t h = take_idle_handle(device);
+    if (h == nullptr) {
+      if (cublasStatus_t s = cublasCreate(&h); s != CUBLAS_STATUS_SUCCESS)
+        return std::string("cuda backend: cublasCreate: ") + cublasGetStatusString(s);
+      // Plain f32 math: no TF32 for f32 operands (cuBLAS' default, made explicit).
+      if (cublasStatus_t s = cublasSetMathMode(h, CUBLAS_DEFAULT_MATH); s != CUBLAS_STATUS_SUCCESS) {
+        cublasDestroy(h);
+        return std::string("cuda backend: cublasSetMathMode: ") + cublasGetStatusString(s);
+      }
+    }
+    it = mine.by_device.emplace(device, h).first;
   }
   *out = it->second;
   return "";
@@ -42,7 +83,8 @@ std::string run_gemm(const Gemm& g, cudaStream_t stream) {
   if (g.m == 0 || g.n == 0) return "";
   cublasHandle_t h = nullptr;
   if (auto e = handle_for_current_device(&h); !e.empty()) return e;
-  cublasSetStream(h, stream);
+  if (cublasStatus_t s = cublasSetStream(h, stream); s != CUBLAS_STATUS_SUCCESS)
+    return std::string("cuda backend: cublasSetStream: ") + cublasGetStatusString(s);
   // cuBLAS is column-major: a row-major [r, c] matrix with leading dimension
   // ld is the column-major [c, r] one, so C^T = op(B)^T op(A)^T is the call.
   const float alpha = 1.0f, beta = g.beta;
@@ -55,6 +97,11 @@ std::string run_gemm(const Gemm& g, cudaStream_t stream) {
     return std::string("cuda backend: cublasGemmEx (") + std::to_string(g.m) + "x" +
            std::to_string(g.n) + "x" + std::to_string(g.k) + "): " + cublasGetStatusString(s);
   return "";
+}
+
+std::string ready_gemm_handle() {
+  cublasHandle_t h = nullptr;
+  return handle_for_current_device(&h);
 }
 
 }  // namespace flce::cuda

@@ -32,4 +32,9 @@ struct Gemm {
 // device; "" or the error.
 std::string run_gemm(const Gemm& g, cudaStream_t stream);
 
+// Makes sure this thread has its cuBLAS handle for the current device, so
+// that a call can fail for want of one (a full GPU) before it writes any
+// output; "" or the error.
+std::string ready_gemm_handle();
+
 }  // namespace flce::cuda

@@ -314,7 +314,10 @@ std::string gradient_pass(const Context& c) {
   const Problem& p = c.p;
   const int64_t N = plan.d.n, V = plan.d.v, H = plan.d.h;
   const bool vh = p.w_layout == WeightLayout::vh;
-  if (c.ws.grad_b_acc) cudaMemsetAsync(c.ws.grad_b_acc, 0, size_t(V) * 8, c.stream);
+  if (c.ws.grad_b_acc) {
+    if (cudaError_t e = cudaMemsetAsync(c.ws.grad_b_acc, 0, size_t(V) * 8, c.stream); e != cudaSuccess)
+      return std::string("zeroing grad_bias's accumulator: ") + cudaGetErrorString(e);
+  }
   for (int64_t j0 = 0; j0 < V; j0 += plan.block_cols) {  // vocabulary blocks, in order
     const int64_t cols = std::min(plan.block_cols, V - j0);
     for (int64_t b0 = 0; b0 < N; b0 += plan.block_rows) {  // row blocks, in order

@@ -32,11 +32,19 @@ constexpr size_t kWideWorkspaceBytes = size_t(480) << 20;
 // FLCE_CUDA_TILE=RxC overrides the score tile and FLCE_CUDA_BLOCK=RxC the
 // gradient block (rounded to whole tiles): tuning sweeps (bench/) and tests
 // that need many tiles and blocks on small problems.
-void size_from_env(const char* name, int64_t* rows, int64_t* cols) {
-  const char* env = std::getenv(name);
-  if (env == nullptr) return;
+// Whether `text` is "RxC" with R, C >= 1, read into *rows and *cols.
+bool parse_size(const char* text, int64_t* rows, int64_t* cols) {
   long long r = 0, c = 0;
-  if (std::sscanf(env, "%lldx%lld", &r, &c) == 2 && r > 0 && c > 0) *rows = r, *cols = c;
+  int end = 0;
+  if (std::sscanf(text, "%lldx%lld%n", &r, &c, &end) != 2 || text[end] != '\0') return false;
+  if (r < 1 || c < 1) return false;
+  *rows = r, *cols = c;
+  return true;
+}
+
+// Unset or malformed (check_plan_env reports that) leaves *rows and *cols.
+void size_from_env(const char* name, int64_t* rows, int64_t* cols) {
+  if (const char* env = std::getenv(name)) parse_size(env, rows, cols);
 }
 
 int64_t round_down(int64_t v, int64_t m) { return std::max(m, v / m * m); }
@@ -144,12 +152,19 @@ void widen_stashing_block(Plan* plan, const Problem& p, int sms) {
 
 }  // namespace
 
-std::string check_stash_env() {
+std::string check_plan_env() {
   const char* env = stash_env();
   if (env != nullptr && std::string(env) != "0" && std::string(env) != "1")
     return "FLCE_CUDA_STASH = '" + std::string(env) +
            "': must be 0 (recompute every score tile) or 1 (stash where it applies; unset: the "
            "same)";
+  for (const char* name : {"FLCE_CUDA_TILE", "FLCE_CUDA_BLOCK"}) {
+    int64_t rows = 0, cols = 0;
+    const char* size = std::getenv(name);
+    if (size != nullptr && !parse_size(size, &rows, &cols))
+      return std::string(name) + " = '" + size +
+             "': must be ROWSxCOLS with both at least 1, e.g. 4096x2048 (unset: the default)";
+  }
   return "";
 }
 

@@ -85,9 +85,10 @@ struct PlanTarget {
 Plan make_plan(const Problem& p, Pass pass);
 Plan make_plan(const Problem& p, Pass pass, const PlanTarget& target);
 
-// FLCE_CUDA_STASH: "0" (recompute every tile), "1" or unset (stash where it
-// applies); "" or a message naming a malformed value.
-std::string check_stash_env();
+// The plan's environment overrides: FLCE_CUDA_STASH "0" (recompute every
+// tile), "1" or unset (stash where it applies); FLCE_CUDA_TILE and
+// FLCE_CUDA_BLOCK "RxC" or unset. "" or a message naming a malformed value.
+std::string check_plan_env();
 
 // Device scratch, carved from one allocation (null where not needed).
 struct Workspace {

@@ -200,6 +200,9 @@ std::string launch(const Tensor& x, const Tensor& w, const Grid& grid, const Epi
   const int64_t row_blocks = (grid.row_end - grid.row0 + kRows - 1) / kRows;
   const int64_t chunks = (grid.v - grid.col0 + grid.chunk - 1) / grid.chunk;
   if (row_blocks <= 0 || chunks <= 0) return "";
+  if (chunks > 65535)  // the grid's y limit; only a very narrow FLCE_CUDA_TILE reaches it
+    return "gemm_rows_kernel: " + std::to_string(chunks) + " chunks of " +
+           std::to_string(grid.chunk) + " classes, more than a grid's 65535 (a wider tile)";
   Grid placed = grid;
   const int64_t group = kGroupBytes / (kRows * x.shape[1] * 2);
   placed.group_rows = int(group < 1 ? 1 : group < row_blocks ? group : row_blocks);
