@@ -229,6 +229,27 @@ TEST_F(CliCommands, BadCommands) {
   fails(plus(args, {"--help=yes"}), {"--help", "yes"});
 }
 
+// `flce bench` refuses sizes whose arrays overflow 64 bits or exceed the
+// machine's memory, before allocating (it aborted on std::bad_alloc).
+TEST_F(CliCommands, BenchRefusesSizesBeyondTheMachine) {
+  const struct {
+    Args args;
+    std::string message;
+  } cases[] = {
+      {{"--n", "1000000000", "--h", "1000000", "--v", "8"}, "GiB of host memory"},
+      {{"--n", "4294967296", "--h", "4294967296", "--v", "2"}, "more than 2^63 bytes"},
+      {{"--n", "9223372036854775807", "--h", "2", "--v", "2"}, "--n 9223372036854775807"},
+      {{"--n", "2", "--h", "2", "--v", "2199023255552"}, "--v 2199023255552"},
+  };
+  for (const auto& c : cases) {
+    Args a = {"bench"};
+    a.insert(a.end(), c.args.begin(), c.args.end());
+    const Result r = run(a);
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_NE(r.err.find(c.message), std::string::npos) << r.err;
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Good runs.
 

@@ -7,12 +7,14 @@
 #include "cli/bench.h"
 
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <new>
 #include <string>
 #include <utility>
 #include <vector>
@@ -106,14 +108,47 @@ struct Setup {
   RunConfig config;
 };
 
+// The host bytes of the problem's arrays (BenchProblem: x and W in the
+// storage dtype, grad_x and grad_W in the gradients', labels and lse, and
+// the peaky data's CDF over V), or -1 when that overflows 64 bits.
+int64_t problem_bytes(const Setup& s) {
+  const int64_t per_value = int64_t(dtype_size(s.dtype) + dtype_size(s.grad_dtype));
+  int64_t nh = 0, vh = 0, values = 0, bytes = 0;
+  if (__builtin_mul_overflow(s.n, s.h, &nh) || __builtin_mul_overflow(s.v, s.h, &vh) ||
+      __builtin_add_overflow(nh, vh, &values) || __builtin_mul_overflow(values, per_value, &bytes) ||
+      __builtin_add_overflow(bytes, 12 * s.n + 8 * s.v, &bytes))  // n, v <= 2^40
+    return -1;
+  return bytes;
+}
+
+// Refuses, before allocating anything, a problem whose arrays exceed this
+// machine's memory.
+void check_problem_fits(const Setup& s) {
+  const int64_t physical = int64_t(sysconf(_SC_PHYS_PAGES)) * int64_t(sysconf(_SC_PAGESIZE));
+  const int64_t bytes = problem_bytes(s);
+  if (bytes >= 0 && (physical <= 0 || bytes <= physical)) return;
+  char need[64] = "more than 2^63 bytes";
+  if (bytes >= 0) std::snprintf(need, sizeof need, "%.1f GiB", double(bytes) / double(1 << 30));
+  char msg[256];
+  std::snprintf(msg, sizeof msg,
+                "--n %lld --h %lld --v %lld: the problem's arrays (x, W and their gradients) need "
+                "%s of host memory; this machine has %.1f GiB",
+                (long long)s.n, (long long)s.h, (long long)s.v, need,
+                double(physical) / double(1 << 30));
+  throw Failure{msg};
+}
+
 Setup read_setup(const Args& args) {
   Setup s;
   check(args.get_int("n", &s.n));
   check(args.get_int("h", &s.h));
   check(args.get_int("v", &s.v));
-  for (auto [flag, value] : {std::pair{"n", s.n}, std::pair{"h", s.h}, std::pair{"v", s.v}})
-    if (!args.has(flag) || value < 1)
-      throw Failure{std::string("--") + flag + ": required, an integer >= 1"};
+  for (auto [flag, value] : {std::pair{"n", s.n}, std::pair{"h", s.h}, std::pair{"v", s.v}}) {
+    if (!args.has(flag)) throw Failure{std::string("--") + flag + ": required, an integer >= 1"};
+    if (value < 1 || value > (int64_t(1) << 40))
+      throw Failure{std::string("--") + flag + " " + std::to_string(value) +
+                    ": must be in [1, 2^40]"};
+  }
   int dtype = 0, grad_logits = 0;
   check(args.get_choice("dtype", {"f32", "bf16"}, &dtype));
   s.dtype = dtype == 0 ? Dtype::f32 : Dtype::bf16;
@@ -140,6 +175,7 @@ Setup read_setup(const Args& args) {
   s.config.threads = s.threads;
   s.config.backend = args.get("backend");
   s.config.gemm = args.get("gemm");
+  check_problem_fits(s);
   return s;
 }
 
@@ -335,6 +371,9 @@ int bench_command(int argc, char** argv, int first) {
     return run_bench(args);
   } catch (const Failure& f) {
     std::fprintf(stderr, "flce bench: error: %s\n", f.message.c_str());
+    return 2;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "flce bench: error: out of host memory for the problem's arrays\n");
     return 2;
   }
 }
