@@ -14,6 +14,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <climits>
 #include <cstdint>
 #include <string>
 
@@ -37,7 +38,11 @@ int64_t as_int(py::handle h, const std::string& what) {
   if (!py::isinstance<py::int_>(h) || py::isinstance<py::bool_>(h))
     throw py::type_error(what + ": expected an int, got " +
                          std::string(py::str(py::type::handle_of(h).attr("__name__"))));
-  return h.cast<int64_t>();
+  try {
+    return h.cast<int64_t>();
+  } catch (const py::cast_error&) {
+    throw py::value_error(what + " = " + std::string(py::str(h)) + ": does not fit in 64 bits");
+  }
 }
 
 std::string as_str(py::handle h, const std::string& what) {
@@ -179,7 +184,11 @@ flce::RunConfig parse_config(const py::dict& config) {
     } else if (key == "gemm") {
       c.gemm = as_str(item.second, key);
     } else if (key == "threads") {
-      c.threads = int(as_int(item.second, key));
+      const int64_t threads = as_int(item.second, key);
+      if (threads < 0 || threads > INT_MAX)  // else flce's validate_config checks it
+        throw py::value_error("threads = " + std::to_string(threads) +
+                              ": must be in [0, 4096] (0: the backend's default)");
+      c.threads = int(threads);
     } else if (key == "stream") {  // a cudaStream_t as int (torch's .cuda_stream)
       c.stream = reinterpret_cast<void*>(static_cast<uintptr_t>(as_int(item.second, key)));
     } else if (key == "workspace") {  // (pointer, bytes) of caller-owned scratch

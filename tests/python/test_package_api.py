@@ -277,6 +277,8 @@ def test_bad_inputs_raise_the_library_message(change, error, message):
     ({"backend": "nope"}, ValueError, r"nope"),
     ({"gemm": "nope"}, ValueError, r"nope"),
     ({"threads": -1}, ValueError, r"threads"),
+    ({"threads": 2 ** 32}, ValueError, r"^threads = 4294967296: must be in \[0, 4096\]"),
+    ({"ignore_index": 2 ** 70}, ValueError, r"^ignore_index = 1180591620717411303424: does not fit"),
     ({"outputs": ("loss", "logits")}, ValueError, r"^outputs: 'logits' is not one of"),
     ({"grads": ("y",)}, ValueError, r"^grads: 'y' is not one of x, w, bias, logits"),
     ({"out_dtype": "float16"}, ValueError, r"^out_dtype: 'float16' is not 'float32' or"),

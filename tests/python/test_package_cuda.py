@@ -10,7 +10,7 @@ backend (CI has no GPU: .ci/gpu runs this file on one).
 
 import pytest
 
-from test_package_reference import import_flce, torch
+from test_package_reference import import_flce, norm_close, torch
 
 flce = import_flce()
 if not torch.cuda.is_available():
@@ -91,6 +91,19 @@ def test_forward_then_backward_from_the_saved_lse():
                         backend="cuda")
     flce.testing.assert_close(cpu(f), x, w, y)
     flce.testing.assert_close(cpu(bwd), x, w, y, grad_entropy=g_ent, saved_lse="float32")
+
+
+def test_torch_backward_of_the_lse_alone():
+    # The loss unused: autograd passes no grad_loss, and flce.torch makes zeros
+    # for it, on the GPU.
+    x, w, y, _ = make(64, 40, 300, torch.float32, {})
+    y = y.clamp(min=0)  # no ignored rows
+    xd = x.to(DEV).requires_grad_(True)
+    _, lse = flce.torch.linear_cross_entropy(xd, w.to(DEV), y.to(DEV), return_lse=True)
+    lse.sum().backward()
+    xr = x.double().requires_grad_(True)
+    torch.logsumexp(xr @ w.double().T, dim=1).sum().backward()
+    norm_close("grad_x", xd.grad.cpu(), xr.grad, 1e-4)
 
 
 def test_outputs_are_written_in_place_and_inputs_are_not_copied():

@@ -157,6 +157,44 @@ def test_only_needed_gradients_and_mixed_dtypes():
     assert xl.grad.dtype == torch.float32 and wb.grad.dtype == torch.bfloat16
 
 
+def test_mixed_dtypes_get_float32_gradients_rounded_once():
+    # x in float16, W in float32: W's gradient was computed in float16 and
+    # overflowed (4096 rows of 20: -71680 per class-0 entry, past f16's 65504).
+    x = torch.full((4096, 4), 20.0).half().requires_grad_(True)
+    w = torch.zeros(8, 4, requires_grad=True)
+    y = torch.zeros(4096, dtype=torch.long)
+    linear_cross_entropy(x, w, y, reduction="sum").backward()
+    xr, wr = x.detach().double().requires_grad_(True), w.detach().double().requires_grad_(True)
+    F.cross_entropy(xr @ wr.T, y, reduction="sum").backward()
+    assert w.grad.dtype == torch.float32 and x.grad.dtype == torch.float16
+    assert torch.isfinite(w.grad).all()
+    norm_close("grad_w", w.grad, wr.grad, RTOL[torch.float32])
+    norm_close("grad_x", x.grad.float(), xr.grad, 1e-3)  # float16's rounding, 2^-11
+
+
+def test_no_double_backward_and_no_weight_gradients():
+    x, w, b, y, _, _ = make(torch.float64, {}, seed=13)
+    xl = x.clone().requires_grad_(True)
+    loss = linear_cross_entropy(xl, w, y)
+    with pytest.raises(RuntimeError, match="no double backward"):
+        torch.autograd.grad(loss, xl, create_graph=True)
+    for name in ("token_weights", "class_weights"):
+        weights = torch.ones(N if name == "token_weights" else V, dtype=torch.float64,
+                             requires_grad=True)
+        with pytest.raises(ValueError, match=f"^{name}: requires grad"):
+            linear_cross_entropy(xl, w, y, **{name: weights})
+
+
+def test_module_cast_to_bfloat16_keeps_float_class_weights():
+    x, w, b, y, _, _ = make(torch.float32, {"class_weights": True}, seed=14)
+    cw = torch.rand(V) + 0.5
+    m = LinearCrossEntropyLoss(class_weights=cw).bfloat16()  # the buffer becomes bfloat16
+    got = m(x.bfloat16(), w.bfloat16(), y)
+    want = F.cross_entropy(x.bfloat16().double() @ w.bfloat16().double().T, y,
+                           weight=cw.bfloat16().double())
+    assert abs(got.item() - want.item()) <= 1e-5 * abs(want.item())
+
+
 def test_module_state_and_errors():
     cw = torch.ones(V)
     m = LinearCrossEntropyLoss(class_weights=cw, label_smoothing=0.1, backend="cpu")

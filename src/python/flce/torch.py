@@ -10,14 +10,18 @@ scale and token weights. x is [..., H] and y [...] (flattened to rows);
 reduction='none' returns y's shape. Forward saves only the lse (and the
 inputs); backward recomputes the logits tile by tile through flce.backward.
 
-Dtypes: float32, bfloat16 and float16 parameters run on flce's cpu backend,
-or its cuda backend when they are CUDA tensors (float32 accumulation), and get gradients in their own dtype; the loss, lse
-and entropy are float32 (more precise than a bf16 loss; cast if you need
-to). float64 runs on the `reference` backend, which the library picks by
-itself because the cpu backend declines float64 storage; that is what
-torch.autograd.gradcheck exercises. Differences from PyTorch: a mean over
-rows that are all ignored is 0 (PyTorch: NaN), and no double backward.
-Works with PyTorch 1.13.
+Dtypes: float32, bfloat16 and float16 parameters of one dtype run on
+flce's cpu backend, or its cuda backend when they are CUDA tensors (float32
+accumulation), and get gradients in their own dtype; the loss, lse and
+entropy are float32 (more precise than a bf16 loss; cast if you need to).
+float64 runs on the `reference` backend, which the library picks by itself
+because the cpu backend declines float64 storage; that is what
+torch.autograd.gradcheck exercises. x, W and bias of different dtypes run
+there too (the cpu and cuda backends store them in one dtype), with float32
+gradients rounded once to each parameter's dtype. Differences from PyTorch:
+a mean over rows that are all ignored is 0 (PyTorch: NaN); no double
+backward (create_graph=True raises); token and class weights get no
+gradient (weights that require one raise). Works with PyTorch 1.13.
 """
 
 import torch
@@ -56,8 +60,18 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
         return (r.loss, r.lse, r.entropy) if config.want_entropy else (r.loss, r.lse)
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_loss, grad_lse, grad_entropy=None):
+        # Autograd runs a backward with grad mode on only for create_graph=True,
+        # whose second derivatives flce does not compute: fail rather than give
+        # gradients that silently lack flce's terms.
+        if torch.is_grad_enabled():
+            raise RuntimeError("flce.torch: no double backward (create_graph=True): flce's "
+                               "gradients are not differentiable")
+        return LinearCrossEntropyFunction._gradients(ctx, grad_loss, grad_lse, grad_entropy)
+
+    @staticmethod
+    @once_differentiable
+    def _gradients(ctx, grad_loss, grad_lse, grad_entropy):
         x, w, bias, labels, token_weights, class_weights, lse = ctx.saved_tensors
         params = {"x": x, "w": w, "bias": bias}
         wanted = [name for name, need in zip(params, ctx.needs_input_grad[:3])
@@ -66,16 +80,22 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
         if not wanted or (grad_loss is None and grad_lse is None and grad_entropy is None):
             return nothing
         if grad_loss is None:  # flce reads an absent grad_loss as ones
-            grad_loss = torch.zeros(ctx.loss_shape, dtype=lse.dtype)
+            grad_loss = torch.zeros(ctx.loss_shape, dtype=lse.dtype, device=lse.device)
+        # Gradients in the parameters' dtype where they share x's; else in
+        # float32 (float64 if one is), rounded once to each one's own below.
+        present = [p for p in params.values() if p is not None]
+        grad_dtype = "input"
+        if any(p.dtype != x.dtype for p in present):
+            grad_dtype = "float64" if any(p.dtype == torch.float64 for p in present) else "float32"
         r = flce.backward(x, w, labels, lse, bias=bias, token_weights=token_weights,
                           class_weights=class_weights, grad_loss=grad_loss, grad_lse=grad_lse,
-                          grad_entropy=grad_entropy, grads=wanted, grad_dtype="input",
+                          grad_entropy=grad_entropy, grads=wanted, grad_dtype=grad_dtype,
                           **ctx.config.options, **ctx.config.run)
         out = []
         for name in params:
             g = getattr(r, "grad_" + name) if name in wanted else None
             if g is not None and g.dtype != params[name].dtype:
-                g = g.to(params[name].dtype)  # e.g. x in float32, W in bfloat16
+                g = g.to(params[name].dtype)  # e.g. x in bfloat16, W in float32
             out.append(g)
         return tuple(out) + (None,) * 4
 
@@ -108,6 +128,13 @@ def linear_cross_entropy(x, W, y, bias=None, *, class_weights=None, token_weight
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
     y1 = y.reshape(-1).contiguous()
     tw = None if token_weights is None else _tensor("token_weights", token_weights).reshape(-1)
+    cw = None if class_weights is None else _tensor("class_weights", class_weights)
+    for name, weights in (("token_weights", tw), ("class_weights", cw)):
+        if weights is not None and weights.requires_grad:
+            raise ValueError(f"{name}: requires grad, but flce computes no gradient for "
+                             f"weights (pass {name}.detach())")
+    if cw is not None and cw.dtype not in (torch.float32, torch.float64):
+        cw = cw.float()  # e.g. a module buffer that .bfloat16() converted
     options = dict(ignore_index=int(ignore_index), label_smoothing=float(label_smoothing),
                    z_loss=float(z_loss), softcap=float(softcap), logit_scale=float(logit_scale),
                    reduction=reduction, w_layout=w_layout, grad_logits_dtype=grad_logits_dtype,
@@ -117,7 +144,7 @@ def linear_cross_entropy(x, W, y, bias=None, *, class_weights=None, token_weight
     out = LinearCrossEntropyFunction.apply(
         x2, W.contiguous(), None if bias is None else bias.contiguous(), y1,
         None if tw is None else tw.contiguous(),
-        None if class_weights is None else class_weights.contiguous(), config)
+        None if cw is None else cw.contiguous(), config)
     loss, lse = out[0], out[1]
     if reduction == "none":
         loss = loss.reshape(rows)
