@@ -302,6 +302,19 @@ def test_cpu_backend_declines_float64_with_its_reason():
     assert flce.forward(x.astype(np.float64), w.astype(np.float64), y).backend == "reference"
 
 
+def test_unsigned_labels_numpy_scalars_and_gradients_of_the_wrong_entry():
+    x, w, y = _problem()
+    want = flce.loss_and_grad(x, w, y, grad_loss=2.0)
+    got = flce.loss_and_grad(x, w, y.astype(np.uint16), grad_loss=np.float32(2))
+    assert got.loss == want.loss and np.array_equal(got.grad_w, want.grad_w)
+    logits = x @ w.T
+    with pytest.raises(ValueError,
+                       match=r"^grads: 'w': the logits-level entry \(logits=...\) writes grad_logits"):
+        flce.loss_and_grad(logits=logits, labels=y, grads="w")
+    with pytest.raises(ValueError, match="^grads: 'logits': the head entry"):
+        flce.loss_and_grad(x, w, y, grads="logits")
+
+
 def test_read_only_output_and_pass_specific_errors():
     x, w, y = _problem()
     ro = np.zeros(N, dtype=np.float32)

@@ -21,6 +21,8 @@ supported dtype. The GIL is released while flce computes.
 import inspect
 import numbers
 
+import numpy as np
+
 from . import _arrays
 from ._arrays import bf16_bits_to_float32, float32_to_bf16_bits
 from ._flce import backends as _backends
@@ -121,6 +123,10 @@ def _gradient_names(grads, logits_entry, has_bias):
         name = g if str(g).startswith("grad_") else f"grad_{g}"
         if name not in GRADIENTS:
             raise ValueError(f"grads: {g!r} is not one of x, w, bias, logits")
+        if logits_entry != (name == "grad_logits"):
+            raise ValueError(f"grads: {g!r}: the " + ("logits-level entry (logits=...) writes "
+                             "grad_logits only" if logits_entry else "head entry (x, w) has no "
+                             "grad_logits; ask for x, w or bias"))
         out.append(name)
     return out
 
@@ -151,8 +157,14 @@ def _call(pass_, args, measure=False):
         inputs["lse"] = None  # an output there
     ref = logits if logits is not None else x
     grad_loss = inputs["grad_loss"]
-    if isinstance(grad_loss, (int, float)) and not isinstance(grad_loss, bool):
+    if isinstance(grad_loss, numbers.Real) and not isinstance(grad_loss, bool):
         inputs["grad_loss"] = _arrays.scalar_like_kind(ref, float(grad_loss))
+    labels = inputs["labels"]
+    if isinstance(labels, np.ndarray) and labels.dtype.kind == "u":
+        # numpy token ids (uint16 would read as bfloat16 bits): int64 copies.
+        if labels.size and labels.max() > np.iinfo(np.int64).max:
+            raise ValueError(f"labels: {labels.max()} does not fit in int64")
+        inputs["labels"] = labels.astype(np.int64)
 
     keep = []  # owners (inputs, copies, outputs) alive until the call returns
     tensors = {}
