@@ -587,6 +587,11 @@ TEST_F(EvalErrors, WrongDtypesAndLabels) {
   write_array(tmp.file("xi.npy"), Dtype::i32, {N, H}, std::vector<double>(size_t(N * H)));
   fails(with("--x", tmp.file("xi.npy")), {"--x ", "xi.npy: dtype i32 is not a float type"});
   fails(with("--w", tmp.file("xi.npy")), {"--w ", "is not a float type"});
+  // float64 x: the cpu backend, eval's default, declines it. No --backend was
+  // given, so the message says the backend was the default, not the flag's.
+  write_array(tmp.file("x64.npy"), Dtype::f64, {N, H}, std::vector<double>(size_t(N * H)));
+  fails(with("--x", tmp.file("x64.npy")),
+        {"error: the default backend (--backend picks another): backend = cpu: declines"});
   std::vector<double> y(size_t(N), 1);
   y[30] = 29;
   write_array(tmp.file("ybad.npy"), Dtype::i64, {N}, y);

@@ -164,7 +164,7 @@ Setup read_setup(const Args& args) {
   int64_t threads = 0, reps = 5;
   check(args.get_int("threads", &threads));
   check(args.get_int("reps", &reps));
-  if (threads < 0 || threads > 4096) throw Failure{"--threads: " + std::to_string(threads) + " is not in [1, 4096]"};
+  if (threads < 0 || threads > 4096) throw Failure{"--threads: " + std::to_string(threads) + " is not in [0, 4096] (0: all cores)"};
   if (reps < 1 || reps > 1000) throw Failure{"--reps: " + std::to_string(reps) + " is not in [1, 1000]"};
   s.threads = threads > 0 ? int(threads) : omp_get_max_threads();
   s.reps = int(reps);
@@ -369,8 +369,8 @@ int bench_command(int argc, char** argv, int first) {
       return 0;
     }
     return run_bench(args);
-  } catch (const Failure& f) {
-    std::fprintf(stderr, "flce bench: error: %s\n", f.message.c_str());
+  } catch (const Failure& f) {  // the library's messages name its arguments: add the flag
+    std::fprintf(stderr, "flce bench: error: %s\n", explain_api_error(f.message, args).c_str());
     return 2;
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "flce bench: error: out of host memory for the problem's arrays\n");

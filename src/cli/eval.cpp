@@ -495,9 +495,10 @@ int eval(const Args& args) {
     }
     t.rows += b;
     if (outputs) {
-      check(write_real(outputs->logprob(), r0, b, logprob));
-      check(write_real(outputs->entropy(), r0, b, entropy));
-      check(outputs->argmax().write(r0, argmax.data(), b));
+      for (const std::string& e : {write_real(outputs->logprob(), r0, b, logprob),
+                                   write_real(outputs->entropy(), r0, b, entropy),
+                                   outputs->argmax().write(r0, argmax.data(), b)})
+        if (!e.empty()) throw Failure{"--out: " + e};
     }
     in.x.release_before(size_t((r0 + b) * H) * x_elt);
     in.labels.release_before(size_t(r0 + b) * y_elt);

@@ -39,6 +39,14 @@ void check(const std::string& error) {
 std::string explain_api_error(const std::string& error, const Args& args) {
   const char* flag = flag_of(error.substr(0, error.find_first_of(" :[")));
   if (flag == nullptr) return error;
+  if (!args.has(flag)) {  // a default, not the user's flag: say where it came from
+    if (std::string(flag) != "backend") return error;
+    const char* env = std::getenv("FLCE_BACKEND");
+    return (env != nullptr && *env != '\0' ? std::string("FLCE_BACKEND=") + env
+                                            : std::string("the default backend (--backend picks "
+                                                          "another)")) +
+           ": " + error;
+  }
   std::string where = std::string("--") + flag;
   if (args.has(flag) && args.get(flag).find(".npy") != std::string::npos) {
     where += ' ';
