@@ -436,6 +436,11 @@ TEST_F(EvalProblem, AllRowsIgnoredGivesNullMeans) {
   EXPECT_EQ(json_int(r.out, "scored"), 0);
   EXPECT_EQ(json_field(r.out, "mean_loss"), "null");
   EXPECT_EQ(json_field(r.out, "accuracy"), "null");
+  const Result text = run({"eval", "--x", tmp.file("x.npy"), "--w", tmp.file("w.npy"),
+                           "--labels", y});
+  ASSERT_EQ(text.code, 0) << text.err;
+  EXPECT_NE(text.out.find("mean loss: nan\n"), std::string::npos) << text.out;  // not -nan
+  EXPECT_NE(text.out.find("accuracy: nan (0/0)\n"), std::string::npos) << text.out;
 }
 
 // ---------------------------------------------------------------------------

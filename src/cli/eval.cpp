@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -341,9 +342,11 @@ std::string json_string(const std::string& s) {
 
 void print_summary(const Args& args, const std::string& backend, const Totals& t,
                    double seconds) {
-  const double s = double(t.scored);
-  const double mean_loss = t.sum_loss / s, accuracy = double(t.correct) / s,
-               mean_entropy = t.sum_entropy / s, perplexity = std::exp(mean_loss);
+  // Means over no scored rows are nan (0 / 0 on x86 is -nan, printed so).
+  const double s = double(t.scored), nan = std::numeric_limits<double>::quiet_NaN();
+  const double mean_loss = s > 0 ? t.sum_loss / s : nan,
+               accuracy = s > 0 ? double(t.correct) / s : nan,
+               mean_entropy = s > 0 ? t.sum_entropy / s : nan, perplexity = std::exp(mean_loss);
   const double rate = seconds > 0 ? double(t.rows) / seconds : 0.0;
   if (args.has("json")) {
     std::printf(
