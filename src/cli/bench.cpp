@@ -115,7 +115,8 @@ int64_t problem_bytes(const Setup& s) {
   const int64_t per_value = int64_t(dtype_size(s.dtype) + dtype_size(s.grad_dtype));
   int64_t nh = 0, vh = 0, values = 0, bytes = 0;
   if (__builtin_mul_overflow(s.n, s.h, &nh) || __builtin_mul_overflow(s.v, s.h, &vh) ||
-      __builtin_add_overflow(nh, vh, &values) || __builtin_mul_overflow(values, per_value, &bytes) ||
+      __builtin_add_overflow(nh, vh, &values) ||
+      __builtin_mul_overflow(values, per_value, &bytes) ||
       __builtin_add_overflow(bytes, 12 * s.n + 8 * s.v, &bytes))  // n, v <= 2^40
     return -1;
   return bytes;
@@ -164,7 +165,8 @@ Setup read_setup(const Args& args) {
   int64_t threads = 0, reps = 5;
   check(args.get_int("threads", &threads));
   check(args.get_int("reps", &reps));
-  if (threads < 0 || threads > 4096) throw Failure{"--threads: " + std::to_string(threads) + " is not in [0, 4096] (0: all cores)"};
+  if (threads < 0 || threads > 4096)
+    throw Failure{"--threads: " + std::to_string(threads) + " is not in [0, 4096] (0: all cores)"};
   if (reps < 1 || reps > 1000) throw Failure{"--reps: " + std::to_string(reps) + " is not in [1, 1000]"};
   s.threads = threads > 0 ? int(threads) : omp_get_max_threads();
   s.reps = int(reps);

@@ -48,7 +48,7 @@ std::string explain_api_error(const std::string& error, const Args& args) {
            ": " + error;
   }
   std::string where = std::string("--") + flag;
-  if (args.has(flag) && args.get(flag).find(".npy") != std::string::npos) {
+  if (args.get(flag).find(".npy") != std::string::npos) {
     where += ' ';
     where += args.get(flag);
   }

@@ -162,10 +162,8 @@ std::string element_text(const Tensor& t, int64_t i, cudaStream_t stream, std::s
   }
   char text[64] = "";
   switch (t.dtype) {
-    case Dtype::i32: std::snprintf(text, sizeof text, "%d", *reinterpret_cast<int32_t*>(raw)); break;
-    case Dtype::i64:
-      std::snprintf(text, sizeof text, "%lld", (long long)*reinterpret_cast<int64_t*>(raw));
-      break;
+    case Dtype::i32: return std::to_string(*reinterpret_cast<int32_t*>(raw));
+    case Dtype::i64: return std::to_string(*reinterpret_cast<int64_t*>(raw));
     case Dtype::f32: std::snprintf(text, sizeof text, "%g", *reinterpret_cast<float*>(raw)); break;
     case Dtype::f64: std::snprintf(text, sizeof text, "%g", *reinterpret_cast<double*>(raw)); break;
     default: break;

@@ -66,9 +66,10 @@ std::string handle_for_current_device(cublasHandle_t* out) {
       if (cublasStatus_t s = cublasCreate(&h); s != CUBLAS_STATUS_SUCCESS)
         return std::string("cuda backend: cublasCreate: ") + cublasGetStatusString(s);
       // Plain f32 math: no TF32 for f32 operands (cuBLAS' default, made explicit).
-      if (cublasStatus_t s = cublasSetMathMode(h, CUBLAS_DEFAULT_MATH); s != CUBLAS_STATUS_SUCCESS) {
+      const cublasStatus_t mode = cublasSetMathMode(h, CUBLAS_DEFAULT_MATH);
+      if (mode != CUBLAS_STATUS_SUCCESS) {
         cublasDestroy(h);
-        return std::string("cuda backend: cublasSetMathMode: ") + cublasGetStatusString(s);
+        return std::string("cuda backend: cublasSetMathMode: ") + cublasGetStatusString(mode);
       }
     }
     it = mine.by_device.emplace(device, h).first;

@@ -315,7 +315,8 @@ std::string gradient_pass(const Context& c) {
   const int64_t N = plan.d.n, V = plan.d.v, H = plan.d.h;
   const bool vh = p.w_layout == WeightLayout::vh;
   if (c.ws.grad_b_acc) {
-    if (cudaError_t e = cudaMemsetAsync(c.ws.grad_b_acc, 0, size_t(V) * 8, c.stream); e != cudaSuccess)
+    const cudaError_t e = cudaMemsetAsync(c.ws.grad_b_acc, 0, size_t(V) * 8, c.stream);
+    if (e != cudaSuccess)
       return std::string("zeroing grad_bias's accumulator: ") + cudaGetErrorString(e);
   }
   for (int64_t j0 = 0; j0 < V; j0 += plan.block_cols) {  // vocabulary blocks, in order
