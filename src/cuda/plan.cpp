@@ -29,9 +29,6 @@ constexpr size_t kStateBytes = size_t(64) << 20;   // pass 1's tile states
 // rest of a call (its outputs, a caller's allocator rounding).
 constexpr size_t kWideWorkspaceBytes = size_t(480) << 20;
 
-// FLCE_CUDA_TILE=RxC overrides the score tile and FLCE_CUDA_BLOCK=RxC the
-// gradient block (rounded to whole tiles): tuning sweeps (bench/) and tests
-// that need many tiles and blocks on small problems.
 // Whether `text` is "RxC" with R, C >= 1, read into *rows and *cols.
 bool parse_size(const char* text, int64_t* rows, int64_t* cols) {
   long long r = 0, c = 0;
@@ -42,7 +39,10 @@ bool parse_size(const char* text, int64_t* rows, int64_t* cols) {
   return true;
 }
 
-// Unset or malformed (check_plan_env reports that) leaves *rows and *cols.
+// FLCE_CUDA_TILE=RxC overrides the score tile and FLCE_CUDA_BLOCK=RxC the
+// gradient block (rounded to whole tiles): tuning sweeps (bench/) and tests
+// that need many tiles and blocks on small problems. Unset or malformed
+// (check_plan_env reports that) leaves *rows and *cols.
 void size_from_env(const char* name, int64_t* rows, int64_t* cols) {
   if (const char* env = std::getenv(name)) parse_size(env, rows, cols);
 }
