@@ -213,8 +213,12 @@ std::string check_outputs(const Problem& p, Pass pass, const Dims& d) {
       !p.grad_logits.present())
     return format("grad_x: %s() was given no gradient output (grad_x, grad_w, grad_bias or "
                   "grad_logits)", pass_name(pass));
-  if (d.logits_entry && (p.grad_x.present() || p.grad_w.present() || p.grad_bias.present()))
-    return "grad_x: the logits-level entry writes grad_logits, not grad_x/grad_w/grad_bias";
+  for (Arg a : {Arg{"grad_x", &p.grad_x}, Arg{"grad_w", &p.grad_w},
+                Arg{"grad_bias", &p.grad_bias}}) {
+    if (d.logits_entry && a.t->present())
+      return format("%s: the logits-level entry writes grad_logits, not grad_x/grad_w/grad_bias",
+                    a.name);
+  }
   if (!d.logits_entry && p.grad_logits.present())
     return "grad_logits: only the logits-level entry (logits given) writes grad_logits";
   if (p.grad_bias.present() && !p.bias.present())

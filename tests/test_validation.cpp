@@ -872,6 +872,9 @@ TEST_F(ValidationPasses, EntryAndGradientMismatches) {
   p = logits_train();
   p.grad_x = mat(grad_x.data(), Dtype::f64, N, H);
   reject(kTrain, p, {"grad_x", "grad_logits"});
+  p = logits_train();  // the message names the gradient given
+  p.grad_w = mat(grad_w.data(), Dtype::f64, V, H);
+  reject(kTrain, p, {"grad_w: the logits-level entry writes grad_logits"});
   p = train();
   p.grad_logits = mat(grad_logits.data(), Dtype::f64, N, V);
   reject(kTrain, p, {"grad_logits", "logits-level"});
