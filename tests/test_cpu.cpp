@@ -4,6 +4,7 @@
 // determinism across thread counts. ctest runs this suite once per ISA the
 // machine has (FLCE_MAX_ISA, see tests/CMakeLists.txt).
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -281,6 +282,50 @@ TEST(CpuStrides, InputsWhoseRowsOverlap) {
                          WeightGradients::elementwise, true, Views::overlapping_rows);
     }
   }
+}
+
+// A row whose logits are all -inf: lse -inf, and every p_j = e^(-inf + inf)
+// NaN, so the entropy is NaN as in the oracle (it came out -inf).
+TEST(CpuEdge, RowOfMinusInfinityLogits) {
+  const Case c = logits(5, kTile + 9).reduction(Reduction::none);
+  DenseProblem d = c.problem();
+  for (int64_t j = 0; j < d.v; ++j) d.logits[2 * d.v + j] = -std::numeric_limits<double>::infinity();
+  check(d, c.storage(), Pass::forward);
+  check(d, c.storage(), Pass::loss_and_grad);
+}
+
+// W's rows 2^31 elements apart (8 GiB of address space, two pages touched):
+// too far for the GEMMs' int leading dimension, so W is copied, not read in
+// place (an exception inside the parallel region terminated the process).
+// Judged by the policy, as every cpu result.
+TEST(CpuStrides, WRowsFartherApartThanAnInt) {
+  const Case c = head(3, 4, 2);
+  const DenseProblem d = c.problem();
+  const int64_t row_stride = int64_t(1) << 31;
+  const size_t bytes = size_t(row_stride + d.h) * sizeof(float);
+  void* map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  float* w = static_cast<float*>(map);
+  std::vector<float> x(d.x.begin(), d.x.end());  // exact: the case's values are f32
+  for (int64_t j = 0; j < d.v; ++j)
+    for (int64_t k = 0; k < d.h; ++k) w[j * row_stride + k] = float(d.w[j * d.h + k]);
+  flce::Problem p;
+  p.x = flce::matrix_view(x.data(), Dtype::f32, d.n, d.h);
+  p.w = flce::matrix_view(w, Dtype::f32, d.v, d.h);
+  p.w.stride[0] = row_stride;
+  p.labels = flce::vector_view(d.labels.data(), Dtype::i64, d.n);
+  double loss = 0;
+  std::vector<double> lse(size_t(d.n));
+  p.loss = flce::scalar_view(&loss, Dtype::f64);
+  p.lse = flce::vector_view(lse.data(), Dtype::f64, d.n);
+  const flce::Status st = flce::forward(p, cpu());
+  munmap(map, bytes);
+  ASSERT_TRUE(st.ok()) << st.error;
+  const BruteForce exact = brute_force(d);
+  const Bounds b = error_bounds(d, exact, cpu_precision(d, c.storage()));
+  EXPECT_TRUE(within_bounds("loss", {loss}, exact.loss, b.loss));
+  EXPECT_TRUE(within_bounds("lse", lse, exact.lse, b.lse));
 }
 
 TEST(CpuGemm, EveryEngineAgrees) {

@@ -273,6 +273,12 @@ TEST_F(CudaGpu, NaNAndInfRows) {
     check(d, c.storage(), Pass::loss_and_grad);
     check(d, c.storage(), Pass::forward);
   }
+  // A row of -inf logits: lse -inf and NaN entropy (every p_j is NaN), as the oracle's.
+  const Case c = logits(5, 41).reduction(Reduction::none);
+  DenseProblem d = c.problem();
+  for (int64_t j = 0; j < d.v; ++j) d.logits[2 * d.v + j] = -kInf;
+  check(d, c.storage(), Pass::forward);
+  check(d, c.storage(), Pass::loss_and_grad);
 }
 
 // merge_rows folds a row's tile states on 32 lanes (lane l: tiles l, l + 32,

@@ -1,6 +1,7 @@
 #include "cpu/operands.h"
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
 
 #include "common/float16.h"
@@ -90,7 +91,8 @@ void load_rows(const Tensor& x, int64_t i0, int64_t rows, Dtype dtype, void* out
 }
 
 bool w_in_place(const Tensor& w, Dtype dtype) {
-  return w.dtype == dtype && w.stride[1] == 1 && w.stride[0] >= w.shape[1];
+  return w.dtype == dtype && w.stride[1] == 1 && w.stride[0] >= w.shape[1] &&
+         w.stride[0] <= INT_MAX;
 }
 
 WPiece w_piece(const Tensor& w, WeightLayout layout, int64_t j0, int64_t n, int64_t h0, int64_t hc,

@@ -21,7 +21,8 @@ struct WPiece {
 };
 // Whether the GEMMs may read W in place as `dtype`: W has that dtype, a unit
 // inner stride and rows that do not overlap (a leading dimension of at least
-// a row, as BLAS needs; an input's rows may overlap, e.g. a strided window).
+// a row, as BLAS needs; an input's rows may overlap, e.g. a strided window),
+// and a leading dimension that fits the GEMMs' int.
 bool w_in_place(const Tensor& w, Dtype dtype);
 
 // In place when w_in_place(w, dtype); otherwise converted into `scratch`

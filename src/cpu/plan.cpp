@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 
@@ -232,7 +233,9 @@ Plan make_plan(const Problem& p, Pass pass, const RunConfig& config) {
   plan.logits_gemm = bf16 ? Dtype::bf16 : Dtype::f32;
   const bool storage_grads = p.options.grad_logits_dtype == GradLogitsDtype::storage;
   plan.grad_gemm = bf16 && storage_grads ? Dtype::bf16 : Dtype::f32;
-  plan.grad_w_in_place = p.grad_w.present() && p.grad_w.dtype == Dtype::f32 && p.grad_w.stride[1] == 1;
+  // In place as a GEMM's output: its leading dimension must fit the GEMMs' int.
+  plan.grad_w_in_place = p.grad_w.present() && p.grad_w.dtype == Dtype::f32 &&
+                         p.grad_w.stride[1] == 1 && p.grad_w.stride[0] <= INT_MAX;
 
   const bool grads = pass != Pass::forward && (p.grad_x.present() || p.grad_w.present());
   // flce's short-k kernels beat the engines' grad_W products on AVX-512

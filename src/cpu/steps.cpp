@@ -218,9 +218,11 @@ void merge_rows(const Context& c, int64_t i0, int64_t rows) {
     info = labelled_row(c, i);
     info.lse = plan.pass == Pass::backward ? load(p.lse, i) : lse_of(m);
     // sbar (an exp per tile) only where the entropy's sums were computed:
-    // its output and cotangent are its only readers.
+    // its output and cotangent are its only readers. An infinite max makes
+    // every p_j = e^(s_j - lse) NaN (inf - inf), so sbar is NaN, as the
+    // oracle's sum gives.
     if (plan.softmax_extras & simd::kSoftmaxMoments)
-      info.sbar = m.max == INFINITY ? NAN : weighted_mean_score(st, plan.tiles, info.lse);
+      info.sbar = std::isinf(m.max) ? NAN : weighted_mean_score(st, plan.tiles, info.lse);
     if (!info.ignored)
       info.s_y = plan.label_scores_aside() ? c.ws.label_score[r] : c.ws.scores[r * plan.scores_ld + info.y];
     if (plan.pass != Pass::forward) set_grad_terms(c, i, &info);

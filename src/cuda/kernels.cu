@@ -346,7 +346,7 @@ __global__ void merge_rows_kernel(LossArgs g, const TileState* states, int64_t t
   else lse = max + log(sum_exp);
   double sbar = 0;  // sum_j p_j s_j
   if (have_states) {
-    if (max == INFINITY) {
+    if (max == INFINITY || max == -INFINITY) {  // every p_j is inf - inf: NaN, as the oracle's
       sbar = NAN;
     } else if (g.need_sbar) {
       for (int64_t t = lane; t < tiles; t += 32)
