@@ -37,7 +37,9 @@ void expect_agreement(const DenseProblem& d, const Storage& st, flce::Pass pass,
     EXPECT_TRUE(within_bounds("logprob", out.logprob, exact.logprob, b.logprob));
     EXPECT_TRUE(within_bounds("entropy", out.entropy, exact.entropy, b.entropy));
     EXPECT_TRUE(within_bounds("zloss", out.zloss, exact.zloss, b.zloss));
-    if (argmax) EXPECT_TRUE(argmax_within_bounds(out.argmax, d, exact, b));
+    if (argmax) {
+      EXPECT_TRUE(argmax_within_bounds(out.argmax, d, exact, b));
+    }
   }
   if (pass == flce::Pass::forward) return;
   if (d.logits_entry) {
