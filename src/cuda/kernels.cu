@@ -150,7 +150,7 @@ __device__ int first_nan_column(const float* u, const TileParams& q, int tid, in
   for (int c = 4 * tid; c < cols; c += 4 * kStateThreads)
     for (int k = 0; k < 4 && c + k < cols; ++k) {
       const float z = q.a * (q.bias ? u[c + k] + q.bias[c + k] : u[c + k]);
-      if (isnan(kSoftcap ? q.k * tanhf(z * q.inv_k) : z)) return c + k;
+      if (isnan(kSoftcap ? q.k * tanhf(z * q.poly.inv_k) : z)) return c + k;
     }
   return -1;
 }
@@ -192,7 +192,7 @@ __global__ void tile_states_kernel(LossArgs g, ScoreTile tile, int64_t t, int64_
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const float z = kRaw ? uq.v[k] : q.a * (q.bias ? uq.v[k] + bq.v[k] : uq.v[k]);
-      s[k] = k < n ? (kSoftcap ? q.k * tanhf(z * q.inv_k) : z) : -kInf;
+      s[k] = k < n ? (kSoftcap ? q.k * tanhf(z * q.poly.inv_k) : z) : -kInf;
     }
   };
   // Folds that quad.

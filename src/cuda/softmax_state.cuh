@@ -95,13 +95,13 @@ inline __device__ float unstash(float ref, uint16_t code) {
 // What the per-element hot loops read, in f32 and relative to the tile's
 // first column: no double arithmetic or 64-bit indexing per element.
 struct TileParams {
-  float a, k, inv_k;      // logit scale, softcap, 1 / softcap
-  SoftcapPoly poly;       // softcap_small and tanh_small for |z| <= poly.limit; k log2(e)
+  float a, k;             // logit scale, softcap
+  SoftcapPoly poly;       // 1 / k, k log2(e), softcap_small and tanh_small for |z| <= poly.limit
   const float* bias;      // at the tile's column 0, or null
   const float* class_w;   // likewise
 
   __device__ TileParams(const LossArgs& g, int64_t j0)
-      : a(g.a_f32), k(g.k_f32), inv_k(g.softcap.inv_k), poly(g.softcap),
+      : a(g.a_f32), k(g.k_f32), poly(g.softcap),
         bias(g.bias_f32 ? g.bias_f32 + j0 : nullptr),
         class_w(g.class_w ? g.class_w + j0 : nullptr) {}
 
@@ -110,11 +110,13 @@ struct TileParams {
   // s = k tanh(z / k) when k > 0, else z.
   __device__ float score(float u, int c) const {
     const float zc = z(u, c);
-    return k > 0 ? k * tanhf(zc * inv_k) : zc;
+    return k > 0 ? k * tanhf(zc * poly.inv_k) : zc;
   }
   __device__ float class_weight(int c) const { return class_w ? class_w[c] : 1.0f; }
   // ds/dz = 1 - (s/k)^2 when k > 0.
-  __device__ float dsdz(float s) const { return k > 0 ? 1 - (s * inv_k) * (s * inv_k) : 1.0f; }
+  __device__ float dsdz(float s) const {
+    return k > 0 ? 1 - (s * poly.inv_k) * (s * poly.inv_k) : 1.0f;
+  }
 };
 
 // A thread's (or a subtree's) running state, as TileState.
@@ -204,7 +206,7 @@ struct DlogitsRow {
   // The score of raw logit u at column c.
   __device__ float score(float u, int c) const {
     if (kForm == kPlain) return u;
-    if (kForm == kPlainSoftcap) return q.k * tanhf(u * q.inv_k);
+    if (kForm == kPlainSoftcap) return q.k * tanhf(u * q.poly.inv_k);
     return q.score(u, c);
   }
 

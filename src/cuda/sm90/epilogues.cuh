@@ -59,7 +59,7 @@ inline __device__ void softcap_subtile(float (&d)[128], const TileParams& q) {
   } else {
 #pragma unroll
     for (int r = 0; r < 128; ++r) {
-      const float t = tanhf(d[r] * q.inv_k);
+      const float t = tanhf(d[r] * q.poly.inv_k);
       d[r] = kTanh ? t : q.k * t;
     }
   }
