@@ -29,7 +29,8 @@ namespace {
 
 const char* golden_path() { return FLCE_TESTS_DIR "/policy_golden.txt"; }
 
-// Problem 0: a head with every option, bf16 storage, bf16 dlogits cast,
+// Problem 0: a head with every option, bf16 storage, an f16 dlogits cast
+// (whose tiny(u_g) / 2 is large enough to show in the file),
 // scores read back from f16 differences (u_q, the cpu backend's packed
 // scores), a saved f32 lse, f32 outputs (the Python test's
 // _golden_problems()[0]).
@@ -49,7 +50,7 @@ DenseProblem head_problem(Precision* pr) {
   d.options.logit_scale = 1.7, d.options.softcap = 2.5;
   d.options.label_smoothing = 0.1, d.options.z_loss = 0.01;
   d.options.reduction = flce::Reduction::mean;
-  pr->u_accum = 0x1p-24, pr->u_store = 0x1p-8, pr->u_grad = 0x1p-8, pr->u_packed = 0x1p-11;
+  pr->u_accum = 0x1p-24, pr->u_store = 0x1p-8, pr->u_grad = 0x1p-11, pr->u_packed = 0x1p-11;
   pr->u_saved_lse = 0x1p-24, pr->u_out = 0x1p-24;
   return d;
 }

@@ -27,7 +27,7 @@ def _golden_problems():
                 grad_lse=np.array([0.5, -1.0, 0.25]), grad_entropy=np.array([-0.3, 0.2, 0.7]),
                 logit_scale=1.7, softcap=2.5, label_smoothing=0.1, z_loss=0.01,
                 reduction="mean", accumulate="float32", storage="bfloat16",
-                grad_cast="bfloat16", saved_lse="float32", packed_scores="float16",
+                grad_cast="float16", saved_lse="float32", packed_scores="float16",
                 out_dtype="float32")
     z = 3.0 * np.cos(np.arange(4)[:, None] * 1.1 + np.arange(6)[None, :] * 0.6)
     z[0, 1] = -np.inf

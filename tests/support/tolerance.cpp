@@ -328,10 +328,13 @@ void gradient_bounds(const DenseProblem& d, const BruteForce& x, const Precision
     return;
   }
   const double gv1 = gamma(double(d.v + 1), ua), gn1 = gamma(double(d.n + 1), ua);
+  // The cast of G: relative rounding, or half the subnormal spacing below
+  // the cast format's normal range.
+  const double cast_floor = pr.u_grad > 0 ? tiny(pr.u_grad) / 2 : 0.0;
   // Error of G' as the GEMMs see it, plus the GEMMs' own gamma terms.
   std::vector<double> for_x(d.n * d.v), for_w(d.n * d.v);
   for (int64_t ij = 0; ij < d.n * d.v; ++ij) {
-    const double dg = b->dlogits[ij] + pr.u_grad * std::fabs(x.dlogits[ij]);
+    const double dg = b->dlogits[ij] + pr.u_grad * std::fabs(x.dlogits[ij]) + cast_floor;
     for_x[ij] = dg + gv1 * std::fabs(x.dlogits[ij]);
     for_w[ij] = dg + gn1 * std::fabs(x.dlogits[ij]);
   }

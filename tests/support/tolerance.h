@@ -195,7 +195,10 @@
 // ---------------------------------------------------------------------------
 // 7. Parameter gradients
 // ---------------------------------------------------------------------------
-// The GEMMs read G' = G, cast with u_g: dG'_ij = dG_ij + u_g |G_ij|. A dot
+// The GEMMs read G' = G, cast with u_g: dG'_ij = dG_ij + u_g |G_ij| +
+// tiny(u_g) / 2 (rounding to nearest in a format with gradual underflow; the
+// absolute term is the one that counts where G falls below the format's
+// normal range, as f16 dlogits of a mean over many rows do). A dot
 // product of computed factors adds gamma_n of the sum of |products|; one
 // more rounding allows the scale a to be applied after the GEMM.
 //   bound(grad_x_ik) = sum_j (dG'_ij + gamma_{V+1} |G_ij|) |W_jk| + out

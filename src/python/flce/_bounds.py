@@ -273,7 +273,10 @@ def gradient_parts(d, pr, G, dG):
     """Section 7's G' terms: what multiplies |W| (for grad_x) and |x| (for
     grad_W, grad_b) in the GEMM bounds."""
     ua = pr.u_accum
-    dg = dG + pr.u_grad * np.abs(G)
+    # The cast of G: relative rounding, or half the subnormal spacing below
+    # the cast format's normal range.
+    cast_floor = tiny(pr.u_grad) / 2 if pr.u_grad > 0 else 0.0
+    dg = dG + pr.u_grad * np.abs(G) + cast_floor
     for_x = dg + gamma(d.v + 1.0, ua) * np.abs(G)
     for_w = dg + gamma(d.n + 1.0, ua) * np.abs(G)
     return for_x, for_w
