@@ -112,16 +112,30 @@ std::string layout_problem(const Problem& p) {
   return "";
 }
 
+// Makes a call's device current and gives the caller's back afterwards.
 class DeviceGuard {
  public:
-  explicit DeviceGuard(int device) {
-    cudaGetDevice(&previous_);
-    if (previous_ != device) cudaSetDevice(device);
+  // "" once `device` is current, else why it cannot be.
+  std::string enter(int device) {
+    if (cudaError_t e = cudaGetDevice(&previous_); e != cudaSuccess) {
+      cudaGetLastError();
+      return cuda_error("cuda backend: reading the current device", e);
+    }
+    if (previous_ == device) return "";
+    if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
+      cudaGetLastError();
+      return cuda_error(("cuda backend: making device " + std::to_string(device) + " current").c_str(), e);
+    }
+    restore_ = true;
+    return "";
   }
-  ~DeviceGuard() { cudaSetDevice(previous_); }
+  ~DeviceGuard() {
+    if (restore_) cudaSetDevice(previous_);
+  }
 
  private:
   int previous_ = 0;
+  bool restore_ = false;
 };
 
 cuda::LossArgs loss_args(const Problem& p, const cuda::Plan& plan, const cuda::Workspace& ws) {
@@ -252,7 +266,8 @@ class CudaBackend final : public Backend {
     if (auto e = cuda::check_plan_env(); !e.empty()) return e;
     if (auto e = cuda::sm90::check_fused_env(); !e.empty()) return e;
     const Tensor& first = p.logits.present() ? p.logits : p.x;
-    DeviceGuard guard(first.device_index);
+    DeviceGuard guard;
+    if (auto e = guard.enter(first.device_index); !e.empty()) return e;
     if (auto e = cuda::ready_gemm_handle(); !e.empty()) return e;
     cudaStream_t stream = static_cast<cudaStream_t>(config.stream);
     void* owned = nullptr;
