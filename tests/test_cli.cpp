@@ -229,6 +229,20 @@ TEST_F(CliCommands, BadCommands) {
   fails(plus(args, {"--help=yes"}), {"--help", "yes"});
 }
 
+// A report that cannot be written (stdout on a full device) fails the
+// command with a message, instead of exiting 0 with nothing printed.
+TEST_F(CliCommands, UnwritableStdoutFails) {
+  if (access("/dev/full", W_OK) != 0) GTEST_SKIP() << "no writable /dev/full on this machine";
+  for (const char* command : {"backends", "--version"}) {
+    const std::string e = tmp.file("stderr.txt");
+    const std::string cmd = quote(FLCE_CLI_PATH) + " " + command + " >/dev/full 2>" + quote(e);
+    const int status = std::system(cmd.c_str());
+    ASSERT_TRUE(status != -1 && WIFEXITED(status)) << command;
+    EXPECT_EQ(WEXITSTATUS(status), 2) << command;
+    EXPECT_NE(slurp(e).find("writing standard output"), std::string::npos) << command << ": " << slurp(e);
+  }
+}
+
 // `flce bench` refuses sizes whose arrays overflow 64 bits or exceed the
 // machine's memory, before allocating (it aborted on std::bad_alloc).
 TEST_F(CliCommands, BenchRefusesSizesBeyondTheMachine) {

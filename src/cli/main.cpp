@@ -1,4 +1,5 @@
 // The `flce` command: run | backends | --help | --version.
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -32,9 +33,7 @@ int list_backends_command(int argc) {
   return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int dispatch(int argc, char** argv) {
   if (argc < 2) {
     std::fputs(kUsage, stderr);
     return 2;
@@ -54,4 +53,19 @@ int main(int argc, char** argv) {
   if (command == "backends") return list_backends_command(argc);
   std::fprintf(stderr, "flce: error: unknown command '%s' (see flce --help)\n", command.c_str());
   return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int status = dispatch(argc, argv);
+  // A report that did not reach stdout (a full disk, a closed pipe) is a
+  // failure even where the work itself succeeded.
+  errno = 0;
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    std::fprintf(stderr, "flce: error: writing standard output: %s\n",
+                 errno ? std::strerror(errno) : "write failed");
+    return 2;
+  }
+  return status;
 }
