@@ -2,6 +2,7 @@
 #include <sys/mman.h>
 
 #include <cstdlib>
+#include <exception>
 #include <memory>
 
 #include "flce/backend.h"
@@ -62,7 +63,11 @@ Status run_pass(const Problem& given, Pass pass, const RunConfig& config) {
                    ": the " + status.backend + " backend needs " + std::to_string(need);
     return status;
   }
-  status.error = backend->run(problem, pass, config, workspace, &status.stats);
+  try {
+    status.error = backend->run(problem, pass, config, workspace, &status.stats);
+  } catch (const std::exception& e) {  // a failed allocation, a GEMM library's error
+    status.error = status.backend + " backend: " + e.what() + " (the outputs may be partly written)";
+  }
   return status;
 }
 

@@ -6,14 +6,17 @@
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "cpu/gemm/gemm.h"
+#include "cpu/parallel.h"
 #include "common/loss_terms.h"
 #include "cpu/plan.h"
 #include "flce/flce.h"
@@ -1014,3 +1017,25 @@ TEST(CpuFilter, SameBitsForAnyThreadCount) {
 
 }  // namespace
 }  // namespace flce_test
+
+// An exception thrown inside the backend's parallel loops leaves them as an
+// exception (the OpenMP runtime would otherwise terminate the process): the
+// lowest index's, after every other index has run.
+TEST(CpuParallelFor, ExceptionsLeaveTheLoopLowestIndexFirst) {
+  for (int threads : {1, 2, 3}) {
+    std::vector<std::atomic<int>> ran(40);
+    try {
+      flce::cpu::parallel_for(threads, 0, 40, [&](int64_t i) {
+        ran[size_t(i)]++;
+        if (i == 29 || i == 7 || i == 8) throw std::runtime_error("index " + std::to_string(i));
+      });
+      ADD_FAILURE() << "no exception left the loop (" << threads << " threads)";
+    } catch (const std::runtime_error& e) {
+      EXPECT_STREQ(e.what(), "index 7") << threads << " threads";
+    }
+    for (size_t i = 0; i < ran.size(); ++i) EXPECT_EQ(ran[i].load(), 1) << "index " << i;
+  }
+  int sum = 0;  // no exception: every index once, in a range not starting at 0
+  flce::cpu::parallel_for(1, 5, 9, [&](int64_t i) { sum += int(i); });
+  EXPECT_EQ(sum, 5 + 6 + 7 + 8);
+}

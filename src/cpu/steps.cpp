@@ -11,6 +11,7 @@
 #include "common/loss_terms.h"
 #include "common/tensor_access.h"
 #include "cpu/operands.h"
+#include "cpu/parallel.h"
 
 namespace flce::cpu {
 namespace {
@@ -88,8 +89,7 @@ void scores_and_states(const Context& c, int64_t i0, int64_t rows) {
       std::memset(static_cast<char*>(c.ws.x_block) + rows * plan.d.h * dtype_size(plan.logits_gemm), 0,
                   size_t(plan.row_block - rows) * plan.d.h * dtype_size(plan.logits_gemm));
   }
-#pragma omp parallel for num_threads(plan.threads) schedule(static)
-  for (int64_t t = 0; t < plan.tiles; ++t) {
+  parallel_for(plan.threads, 0, plan.tiles, [&](int64_t t) {
     const int64_t j0 = t * kVocabTile, n = tile_width(plan, t);
     // This tile's scores: in the [R, V] block, or the thread's own tile
     // (a forward's, or one whose rows are then packed into the block).
@@ -127,7 +127,7 @@ void scores_and_states(const Context& c, int64_t i0, int64_t rows) {
         plan.kernels->pack_scores(s, n, ref, ScoreBlock{c.ws.scores, plan.scores_ld, 0}.codes(r, j0));
       }
     }
-  }
+  });
 }
 
 namespace {
@@ -209,8 +209,7 @@ void merge_rows(const Context& c, int64_t i0, int64_t rows) {
   const Plan& plan = c.plan;
   const Options& o = p.options;
   const double e = o.label_smoothing, V = double(plan.d.v);
-#pragma omp parallel for num_threads(plan.threads) schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
+  parallel_for(plan.threads, 0, rows, [&](int64_t r) {
     const int64_t i = i0 + r;
     const simd::SoftmaxState* st = c.ws.states + r * plan.tiles;
     const Merged m = merge_states(st, plan.tiles);
@@ -226,7 +225,7 @@ void merge_rows(const Context& c, int64_t i0, int64_t rows) {
     if (!info.ignored)
       info.s_y = plan.label_scores_aside() ? c.ws.label_score[r] : c.ws.scores[r * plan.scores_ld + info.y];
     if (plan.pass != Pass::forward) set_grad_terms(c, i, &info);
-    if (plan.pass == Pass::backward) continue;
+    if (plan.pass == Pass::backward) return;
     const double t_i = p.token_weights.present() ? load(p.token_weights, i) : 1.0;
     const double c_y = info.ignored ? 0.0 : (c.ws.class_w ? c.ws.class_w[info.y] : 1.0);
     const double logp_y = info.ignored ? 0.0 : info.s_y - info.lse;
@@ -240,7 +239,7 @@ void merge_rows(const Context& c, int64_t i0, int64_t rows) {
     if (p.entropy.present()) store(p.entropy, i, info.lse - info.sbar);
     if (p.zloss.present()) store(p.zloss, i, zl);
     if (o.reduction == Reduction::none) store(p.loss, i, c.ws.row_loss[i]);
-  }
+  });
 }
 
 void rows_from_inputs(const Context& c, int64_t i0, int64_t rows) {
@@ -436,14 +435,13 @@ void tile_grads(const Context& c, const ScoreBlock& blk, int64_t i0, int64_t row
 // tile's source starts.
 void compact_bf16_rows(const Context& c, const ScoreBlock& blk, int64_t rows, int64_t t0, int64_t t1) {
   const Plan& plan = c.plan;
-#pragma omp parallel for num_threads(plan.threads) schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
+  parallel_for(plan.threads, 0, rows, [&](int64_t r) {
     auto* row = reinterpret_cast<uint16_t*>(blk.at(r, blk.j_begin));
     for (int64_t t = t0 + 1; t < t1; ++t) {
       const int64_t j = t * kVocabTile - blk.j_begin;
       std::memmove(row + j, row + 2 * j, size_t(tile_width(plan, t)) * 2);
     }
-  }
+  });
 }
 
 // The x rows in the gradient GEMMs' dtype, where it differs from the
@@ -484,8 +482,7 @@ void grad_x_tile_gemm(const Context& c, int64_t rows, int64_t t, bool first, flo
 void tile_grads_by_part(const Context& c, const ScoreBlock& blk, int64_t i0, int64_t rows) {
   const Plan& plan = c.plan;
   const int64_t H = plan.d.h;
-#pragma omp parallel for num_threads(plan.threads) schedule(static)
-  for (int64_t task = 0; task < kGradXTasks; ++task) {
+  parallel_for(plan.threads, 0, kGradXTasks, [&](int64_t task) {
     float* part = c.ws.grad_x_parts + task * rows * H;
     bool first = true;
     for (int64_t t = task; t < plan.tiles; t += kGradXTasks) {
@@ -495,7 +492,7 @@ void tile_grads_by_part(const Context& c, const ScoreBlock& blk, int64_t i0, int
       first = false;
     }
     if (first) std::fill_n(part, rows * H, 0.0f);
-  }
+  });
 }
 
 }  // namespace
@@ -507,8 +504,7 @@ void grad_logits_and_weights(const Context& c, int64_t i0, int64_t rows) {
   if (plan.grad_x_by_tile) {
     tile_grads_by_part(c, blk, i0, rows);
   } else {
-#pragma omp parallel for num_threads(plan.threads) schedule(static)
-    for (int64_t t = 0; t < plan.tiles; ++t) tile_grads(c, blk, i0, rows, t);
+    parallel_for(plan.threads, 0, plan.tiles, [&](int64_t t) { tile_grads(c, blk, i0, rows, t); });
   }
   if (plan.filter) count_filtered(c);
   if (plan.filter_uniform) add_uniform_rows(c, i0, rows);
@@ -568,15 +564,14 @@ void grad_hidden_task(const Context& c, const ScoreBlock& blk, int64_t r0, int64
 // are added to it, the same sums.
 void add_grad_x_parts(const Context& c, int64_t rows, int64_t task0, bool accumulate) {
   const int64_t H = c.plan.d.h;
-#pragma omp parallel for num_threads(c.plan.threads) schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
+  parallel_for(c.plan.threads, 0, rows, [&](int64_t r) {
     float* g = c.ws.grad_x_block + r * H;
     if (!accumulate) std::fill_n(g, H, 0.0f);
     for (int64_t task = task0; task < kGradXTasks; ++task) {
       const float* q = c.ws.grad_x_parts + (task * rows + r) * H;
       for (int64_t h = 0; h < H; ++h) g[h] += q[h];
     }
-  }
+  });
 }
 
 // grad_x_block (+)= G W over tiles t0 .. t1 as kGradXTasks products over
@@ -587,11 +582,10 @@ void grad_hidden_by_vocab(const Context& c, const ScoreBlock& blk, int64_t rows,
   const Plan& plan = c.plan;
   const int64_t H = plan.d.h, per_task = (t1 - t0 + kGradXTasks - 1) / kGradXTasks;
   const auto part = [&](int64_t task) { return c.ws.grad_x_parts + task * rows * H; };
-#pragma omp parallel for num_threads(plan.threads) schedule(static)
-  for (int64_t task = 0; task < kGradXTasks; ++task) {
+  parallel_for(plan.threads, 0, kGradXTasks, [&](int64_t task) {
     const int64_t a = std::min(t1, t0 + task * per_task), b = std::min(t1, a + per_task);
     grad_hidden_task(c, blk, 0, rows, 0, H, a, b, false, part(task));
-  }
+  });
   add_grad_x_parts(c, rows, 0, accumulate);
 }
 
@@ -604,12 +598,11 @@ void grad_hidden_tasks(const Context& c, const ScoreBlock& blk, int64_t rows, in
   const int64_t H = plan.d.h;
   const int64_t group = (rows + plan.row_groups - 1) / plan.row_groups;
   const int64_t row_groups = (rows + group - 1) / group;
-#pragma omp parallel for num_threads(plan.threads) schedule(static)
-  for (int64_t task = 0; task < row_groups * plan.h_chunks; ++task) {
+  parallel_for(plan.threads, 0, row_groups * plan.h_chunks, [&](int64_t task) {
     const int64_t r0 = (task / plan.h_chunks) * group, m = std::min(group, rows - r0);
     const int64_t h0 = (task % plan.h_chunks) * plan.h_chunk, width = std::min(plan.h_chunk, H - h0);
     grad_hidden_task(c, blk, r0, m, h0, width, t0, t1, accumulate, c.ws.grad_x_block);
-  }
+  });
 }
 
 }  // namespace
@@ -643,19 +636,18 @@ void grad_vocab_chunk(const Context& c, int64_t i0, int64_t rows, int64_t t0, in
   // The whole chunk first: a grad_W written in place may reach over the
   // stash of this chunk's later tiles (never of a later chunk's).
   if (plan.stash_scores) {
-#pragma omp parallel for num_threads(plan.threads) schedule(static)
-    for (int64_t t = t0; t < t1; ++t)
+    parallel_for(plan.threads, t0, t1, [&](int64_t t) {
       stash_tile(c, blk.at(0, t * kVocabTile), blk.ld, 0, rows, t, /*back=*/true);
+    });
   }
-#pragma omp parallel for num_threads(plan.threads) schedule(static)
-  for (int64_t t = t0; t < t1; ++t) {
+  parallel_for(plan.threads, t0, t1, [&](int64_t t) {
     const int64_t j0 = t * kVocabTile, n = tile_width(plan, t);
     if (!plan.stash_scores) {
       logits_gemm(c, rows, j0, n, blk.at(0, j0), blk.ld);
       scores_in_place(c, blk.at(0, j0), blk.ld, rows, j0, n);
     }
     tile_grads(c, blk, i0, rows, t);
-  }
+  });
   if (!c.p.grad_x.present()) return;
   if (plan.compact_bf16_g) compact_bf16_rows(c, blk, rows, t0, t1);
   grad_hidden_tasks(c, blk, rows, t0, t1, /*accumulate=*/t0 > 0);
