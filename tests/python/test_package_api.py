@@ -189,6 +189,36 @@ def test_in_place_grad_logits_numpy_and_torch():
     assert torch.equal(zt, want_t)
 
 
+def test_torch_tensors_written_in_place_follow_autograd_rules():
+    inputs, opts = make_case("defaults", "float32", "numpy", "logits")
+    yt = torch.from_numpy(inputs["labels"])
+    leaf = torch.zeros(N, V, requires_grad=True)
+    # As torch's own in-place ops: a leaf that requires grad is refused while
+    # grad mode is on, and accepted under no_grad.
+    with pytest.raises(ValueError, match=r"^logits \(inplace=True\): a leaf tensor that "
+                                         r"requires grad"):
+        flce.loss_and_grad(logits=leaf, labels=yt, **opts, inplace=True)
+    lse = torch.zeros(N, requires_grad=True)
+    with pytest.raises(ValueError, match=r"^out\['lse'\]: a leaf tensor that requires grad"):
+        flce.forward(logits=leaf.detach(), labels=yt, **opts, out={"lse": lse})
+    with torch.no_grad():
+        flce.forward(logits=leaf.detach(), labels=yt, **opts, out={"lse": lse})
+    assert torch.isfinite(lse).all()
+    if not hasattr(torch.autograd.graph, "increment_version"):
+        pytest.skip(f"torch {torch.__version__} has no autograd.graph.increment_version "
+                    "(torch 2.1 and later)")
+    # A tensor that a graph saved, then written by flce: backward refuses it,
+    # as it would after torch's own in-place op.
+    a = torch.randn(N, V, requires_grad=True)
+    z = a * 1.0
+    saved = z * z  # saves z
+    version = z._version
+    flce.loss_and_grad(logits=z.detach(), labels=yt, **opts, inplace=True)
+    assert z._version > version
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        saved.sum().backward()
+
+
 def test_out_arrays_are_written_in_place():
     inputs, opts = make_case("defaults", "float32", "numpy", "head")
     lse = np.full(N, np.nan, dtype=np.float64)

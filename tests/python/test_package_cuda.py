@@ -125,6 +125,24 @@ def test_logits_entry_in_place():
                               labels=y)
 
 
+def test_in_place_writes_bump_the_autograd_version():
+    # As after torch's own in-place ops, a graph that saved the tensor flce
+    # wrote refuses to run backward (torch >= 2.1; the device's is 2.11).
+    if not hasattr(torch.autograd.graph, "increment_version"):
+        pytest.skip(f"torch {torch.__version__} has no autograd.graph.increment_version")
+    a = torch.randn(50, 999, device=DEV, requires_grad=True)
+    z = a * 1.0
+    saved = z * z  # saves z
+    gx = torch.zeros(50, 999, device=DEV)
+    version = (z._version, gx._version)
+    y = torch.randint(0, 999, (50,), device=DEV)
+    flce.loss_and_grad(logits=z.detach(), labels=y, inplace=True, backend="cuda")
+    flce.loss_and_grad(logits=a.detach(), labels=y, out={"grad_logits": gx}, backend="cuda")
+    assert z._version > version[0] and gx._version > version[1]
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        saved.sum().backward()
+
+
 def test_same_bytes_on_every_run():
     x, w, y, b = make(1000, 64, 9000, torch.bfloat16, OPTIONS["everything"])
     xd, wd, yd, bd = x.to(DEV), w.to(DEV), y.to(DEV), b.to(DEV)

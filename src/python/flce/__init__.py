@@ -199,10 +199,12 @@ def _call(pass_, args, measure=False):
     for name in given:
         if name not in FORWARD_OUTPUTS + GRADIENTS:
             raise ValueError(f"out: {name!r} is not an output of flce")
+        _arrays.check_writable(f"out[{name!r}]", given[name])
     if args.get("inplace"):
         if logits is None:
             raise ValueError("inplace: only the logits-level entry (logits=...) has an "
                              "in-place gradient")
+        _arrays.check_writable("logits (inplace=True)", logits)
         given["grad_logits"] = logits  # the same view: written over the input
         if "grad_logits" not in wanted:
             wanted.append("grad_logits")
@@ -246,6 +248,7 @@ def _call(pass_, args, measure=False):
             keep.append(scratch)
             config["workspace"] = (scratch.data_ptr(), nbytes)
     error, ran, stats = _run(pass_, tensors, options, config)
+    _arrays.mark_written(given.values())  # on failure too: they may be partly written
     del keep
     if error:
         raise ValueError(error)

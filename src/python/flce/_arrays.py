@@ -119,6 +119,28 @@ def describe(name, obj, output=False):
     raise TypeError(f"{name}: expected a numpy.ndarray or torch.Tensor, got {type_name(obj)}")
 
 
+def check_writable(name, obj):
+    """Refuses what torch refuses to write in place: with grad mode on, a
+    leaf tensor that requires grad (its .grad would no longer match it)."""
+    torch = _torch()
+    if is_torch(obj) and obj.requires_grad and obj.is_leaf and torch.is_grad_enabled():
+        raise ValueError(f"{name}: a leaf tensor that requires grad cannot be written in "
+                         f"place (pass .detach(), or call under torch.no_grad())")
+
+
+def mark_written(objs):
+    """Bumps the autograd version counter of each torch tensor that flce
+    wrote in place, as torch's own in-place ops do, so a graph that saved one
+    of them raises at backward instead of reading the new values (torch
+    2.1 and later; older versions have no public way to do it)."""
+    torch = _torch()
+    bump = getattr(getattr(torch, "autograd", None), "graph", None) if torch else None
+    bump = getattr(bump, "increment_version", None)
+    for obj in objs:
+        if bump is not None and is_torch(obj):
+            bump(obj)
+
+
 def empty_like_kind(ref, shape, dtype):
     """An uninitialized array of flce dtype `dtype`, of ref's kind and device."""
     if is_torch(ref):
