@@ -208,3 +208,28 @@ def test_module_state_and_errors():
         m(x, w, torch.full((N,), 99))
     with pytest.raises(ValueError, match="cpu"):
         LinearCrossEntropyLoss(backend="cpu")(x.double(), w.double(), y)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_a_batch_of_no_rows(reduction):
+    # flce's semantics with D = 0, which the library gives for a batch whose
+    # rows are all ignored: a loss of 0, zero gradients (PyTorch's mean is NaN).
+    _, w, b, _, _, _ = make(torch.float32, {}, seed=13)
+    w, b = (t.detach().requires_grad_(True) for t in (w, b))
+    x = torch.zeros(2, 0, H, requires_grad=True)
+    loss, lse, ent = linear_cross_entropy(x, w, torch.zeros(2, 0, dtype=torch.long), b,
+                                          reduction=reduction, return_lse=True,
+                                          return_entropy=True)
+    assert loss.shape == ((2, 0) if reduction == "none" else ()) and loss.sum().item() == 0
+    assert lse.shape == ent.shape == (2, 0)
+    loss.sum().backward()
+    assert x.grad.shape == x.shape
+    assert torch.equal(w.grad, torch.zeros_like(w)) and torch.equal(b.grad, torch.zeros_like(b))
+    ignored = flce.loss_and_grad(torch.zeros(1, H), w.detach(), torch.tensor([-100]),
+                                 bias=b.detach(), reduction=reduction)
+    assert ignored.loss.sum().item() == 0 and not ignored.grad_w.any()
+    # Shapes and options are still checked, as for one row.
+    with pytest.raises(ValueError, match=r"^w: shape \[13, 5\] does not match x"):
+        linear_cross_entropy(x, w[:, :5], torch.zeros(2, 0, dtype=torch.long))
+    with pytest.raises(ValueError, match="^reduction: 'avg'"):
+        linear_cross_entropy(x, w, torch.zeros(2, 0, dtype=torch.long), reduction="avg")

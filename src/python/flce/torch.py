@@ -100,6 +100,26 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
         return tuple(out) + (None,) * 4
 
 
+class _NoRows(torch.autograd.Function):
+    """A batch of no rows, which the library (every size >= 1) does not
+    take: flce's semantics with D = 0, i.e. a loss of 0 (an empty one with
+    reduction='none'), empty per-row outputs and zero gradients."""
+
+    @staticmethod
+    def forward(ctx, x, w, bias, loss_shape, rows):
+        ctx.save_for_backward(x, w, bias)
+        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+        zeros = [torch.zeros(shape, dtype=dtype, device=x.device)
+                 for shape in (loss_shape, rows, rows)]
+        return tuple(zeros)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *grads):
+        return tuple(None if t is None else torch.zeros_like(t) for t in ctx.saved_tensors) + \
+            (None, None)
+
+
 def _tensor(name, value):
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(value).__name__}")
@@ -141,10 +161,19 @@ def linear_cross_entropy(x, W, y, bias=None, *, class_weights=None, token_weight
                    filter_eps=filter_eps if filter_eps == "auto" else float(filter_eps))
     run = dict(backend=backend, gemm=gemm, threads=threads)
     config = _Config(options, run, bool(return_entropy))
-    out = LinearCrossEntropyFunction.apply(
-        x2, W.contiguous(), None if bias is None else bias.contiguous(), y1,
-        None if tw is None else tw.contiguous(),
-        None if cw is None else cw.contiguous(), config)
+    if x2.shape[0] == 0:
+        # Shapes, dtypes and options checked as the library would for one
+        # (ignored) row, then flce's semantics for no rows.
+        one = dict(token_weights=None if tw is None else tw.new_ones(1), class_weights=cw)
+        flce.workspace_size("forward", x2.new_zeros(1, x2.shape[1]), W,
+                            y1.new_full((1,), int(ignore_index)), bias=bias, **one,
+                            **options, **run)
+        out = _NoRows.apply(x2, W, bias, rows if reduction == "none" else (), rows)
+    else:
+        out = LinearCrossEntropyFunction.apply(
+            x2, W.contiguous(), None if bias is None else bias.contiguous(), y1,
+            None if tw is None else tw.contiguous(),
+            None if cw is None else cw.contiguous(), config)
     loss, lse = out[0], out[1]
     if reduction == "none":
         loss = loss.reshape(rows)
