@@ -143,6 +143,23 @@ def test_in_place_writes_bump_the_autograd_version():
         saved.sum().backward()
 
 
+def test_torch_hv_view_of_a_vh_weight_runs_as_that_weight():
+    # lm_head.weight.t() with w_layout='hv' runs as the [V, H] it views (the
+    # fused kernels' layout): the same bytes as passing the weight itself.
+    x, w, y, _ = make(64, 32, 700, torch.bfloat16, {})
+    grads = []
+    for transposed in (False, True):
+        xd = x.to(DEV).requires_grad_(True)
+        wd = w.to(DEV).requires_grad_(True)
+        arg = wd.t() if transposed else wd
+        loss = flce.torch.linear_cross_entropy(xd, arg, y.to(DEV), backend="cuda",
+                                               w_layout="hv" if transposed else "vh")
+        loss.backward()
+        grads.append((loss.detach(), xd.grad, wd.grad))
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
+
+
 def test_same_bytes_on_every_run():
     x, w, y, b = make(1000, 64, 9000, torch.bfloat16, OPTIONS["everything"])
     xd, wd, yd, bd = x.to(DEV), w.to(DEV), y.to(DEV), b.to(DEV)

@@ -147,6 +147,20 @@ def test_batched_and_non_contiguous_inputs():
     assert xl.grad.shape == x.shape
 
 
+def test_hv_view_of_a_vh_weight_runs_as_that_weight():
+    # W.t() with w_layout='hv' is run as the row-major [V, H] it views: the
+    # same bits as passing W itself, the gradient shaped like the view.
+    x, w, b, y, _, _ = make(torch.float32, {}, seed=14)
+    xa, wa = leaves(x, w)
+    linear_cross_entropy(xa, wa, y, b).backward()
+    xb, wb = leaves(x, w)
+    wt = wb.t()
+    wt.retain_grad()
+    linear_cross_entropy(xb, wt, y, b, w_layout="hv").backward()
+    assert torch.equal(xb.grad, xa.grad) and torch.equal(wb.grad, wa.grad)
+    assert wt.grad.shape == (H, V) and torch.equal(wt.grad, wa.grad.t())
+
+
 def test_only_needed_gradients_and_mixed_dtypes():
     x, w, b, y, _, _ = make(torch.float32, {}, seed=11)
     wl = w.clone().requires_grad_(True)
