@@ -164,6 +164,19 @@ TEST(CpuLogitsEntry, InPlaceGradLogits) {
   }
 }
 
+// dlogits rounded to the 16-bit storage (grad_logits_dtype = storage) and
+// written into a wider grad_logits: the cast's error is in the bound
+// (tolerance.h, section 6), below f16's normal range for a mean too.
+TEST(CpuLogitsEntry, SixteenBitDlogitsIntoAWiderOutput) {
+  for (Dtype dtype : {Dtype::bf16, Dtype::f16})
+    for (Reduction r : {Reduction::sum, Reduction::mean}) {
+      SCOPED_TRACE(std::string(flce::dtype_name(dtype)) + (r == Reduction::sum ? ", sum" : ", mean"));
+      const Case c = logits(16, 300).stored_as(dtype).gradients_as(Dtype::f32).reduction(r)
+                         .grad_logits(GradLogitsDtype::storage);
+      check(c.problem(), c.storage());
+    }
+}
+
 TEST(CpuStorage, DtypesLayoutsAndGradientDtypes) {
   for (Dtype dtype : {Dtype::f32, Dtype::bf16, Dtype::f16}) {
     SCOPED_TRACE(flce::dtype_name(dtype));

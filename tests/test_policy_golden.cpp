@@ -56,7 +56,8 @@ DenseProblem head_problem(Precision* pr) {
 }
 
 // Problem 1: the logits entry with a -inf logit, ignore_index -1, no
-// reduction, f64 outputs (_golden_problems()[1]).
+// reduction, grad_logits cast to f16 (as a 16-bit grad_logits is), f64
+// outputs (_golden_problems()[1]).
 DenseProblem logits_problem(Precision* pr) {
   DenseProblem d;
   d.n = 4, d.v = 6, d.logits_entry = true;
@@ -69,7 +70,7 @@ DenseProblem logits_problem(Precision* pr) {
   d.options.ignore_index = -1;
   d.options.reduction = flce::Reduction::none;
   d.options.label_smoothing = 0.2;
-  pr->u_accum = pr->u_store = 0x1p-24, pr->u_grad = 0, pr->u_saved_lse = 0, pr->u_out = 0x1p-53;
+  pr->u_accum = pr->u_store = 0x1p-24, pr->u_grad = 0x1p-11, pr->u_saved_lse = 0, pr->u_out = 0x1p-53;
   return d;
 }
 

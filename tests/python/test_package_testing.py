@@ -35,7 +35,7 @@ def _golden_problems():
                   grad_loss=np.array([1.0, -2.0, 0.5, 3.0]),
                   grad_entropy=np.array([0.1, 0.2, -0.3, 0.4]), ignore_index=-1,
                   reduction="none", label_smoothing=0.2, accumulate="float32",
-                  out_dtype="float64")
+                  grad_cast="float16", out_dtype="float64")
     return head, logits
 
 

@@ -49,6 +49,11 @@ double tiny(double u) { return format_of(u).tiny; }
 
 double smallest_normal(double u) { return format_of(u).normal; }
 
+double cast_underflow(double u) {
+  if (u <= 0) return 0.0;
+  return u == 0x1p-8 ? smallest_normal(u) : tiny(u) / 2;
+}
+
 Precision Precision::float64(flce::Dtype out) {
   Precision p;
   p.u_out = unit_roundoff(out);
@@ -91,7 +96,7 @@ void logit_bounds(const DenseProblem& d, const BruteForce& x, const Precision& p
       const double z = x.z[ij], s = x.s[ij];
       double ds;
       if (std::isinf(z) && !std::isnan(m)) {
-        ds = 0.0;  // +-inf logits are exact
+        ds = k > 0 ? ua * k : 0.0;  // +-inf logits are exact; s = +-k carries k's conversion
       } else {
         const double dz = a * g_dot * m;
         if (k > 0) {
@@ -277,21 +282,25 @@ void dlogits_bounds(const DenseProblem& d, const BruteForce& x, const Precision&
       double dgz = dgs;
       if (k > 0) {
         const double L = 1.0 - (s / k) * (s / k);
-        const double dL = 2.0 * std::fabs(s) * ds / (k * k) + 4.0 * ua;
+        const double dL = 2.0 * std::fabs(s) * ds / (k * k) + 5.0 * ua;
         dgz = L * dgs + std::fabs(gs) * dL;
       }
-      b->dlogits[ij] = a * dgz + 2.0 * ua * std::fabs(x.dlogits[ij]);
+      b->dlogits[ij] = a * dgz + (k > 0 ? 3.0 : 2.0) * ua * std::fabs(x.dlogits[ij]);
     }
   }
 }
 
 // What gradient filtering may leave out of the GEMMs, per entry: |G'_ij|
-// where |G'_ij| <= eps kappa_i + dG_ij, with G' = G - u c^T (u_i = -a g_i e/V,
-// g_i = r_i t_i) when label smoothing's term is split off, and kappa_i =
-// a (|coef_p_i| + |g_ent_i|), coef_p_i = g_i ((1-e) c_y + (e/V) C + 2 l lse_i)
-// + g_lse_i. With a softcap and label smoothing together the filter is off.
+// where |G'_ij| <= eps (kappa_i + dkappa_i) + dG'_ij, with G' = G - u c^T
+// (u_i = -a g_i e/V, g_i = r_i t_i) when label smoothing's term is split off,
+// kappa_i = a (|coef_p_i| + |g_ent_i|), coef_p_i = g_i ((1-e) c_y + (e/V) C +
+// 2 l lse_i) + g_lse_i, and dG' the error of G as cast for the GEMMs (the
+// backend compares the cast value). The threshold is computed too: from the
+// computed lse (a g 2 l dlse_i) in at most 8 roundings (8 u_a kappa_i),
+// dkappa_i. With a softcap and label smoothing together the filter is off.
 std::vector<double> filter_allowance(const DenseProblem& d, const BruteForce& x, double eps,
-                                     const std::vector<double>& dg) {
+                                     double ua, const std::vector<double>& dg,
+                                     const std::vector<double>& dlse) {
   std::vector<double> dropped(d.n * d.v, 0.0);
   const flce::Options& o = d.options;
   const double e = o.label_smoothing, a = o.logit_scale, V = double(d.v);
@@ -308,10 +317,11 @@ std::vector<double> filter_allowance(const DenseProblem& d, const BruteForce& x,
     const double g_ent = d.grad_entropy.empty() ? 0.0 : d.grad_entropy[i];
     const double coef_p = g * ((1 - e) * c_y + (e / V) * C + 2 * o.z_loss * x.lse[i]) + g_lse;
     const double kappa = a * (std::fabs(coef_p) + std::fabs(g_ent));
+    const double dkappa = a * std::fabs(g) * 2 * o.z_loss * dlse[i] + 8 * ua * kappa;
     const double u = -a * g * e / V;
     for (int64_t j = 0; j < d.v; ++j) {
       const double gp = std::fabs(x.dlogits[i * d.v + j] - u * c(j));
-      if (gp <= eps * kappa + dg[i * d.v + j]) dropped[i * d.v + j] = gp;
+      if (gp <= eps * (kappa + dkappa) + dg[i * d.v + j]) dropped[i * d.v + j] = gp;
     }
   }
   return dropped;
@@ -321,25 +331,27 @@ std::vector<double> filter_allowance(const DenseProblem& d, const BruteForce& x,
 void gradient_bounds(const DenseProblem& d, const BruteForce& x, const Precision& pr,
                      double floor, Bounds* b) {
   const double ua = pr.u_accum, uo = pr.u_out;
+  // G as cast (u_g) for the GEMMs or for a 16-bit grad_logits: dG'.
+  std::vector<double> dg(d.n * d.v);
+  const double floor_g = cast_underflow(pr.u_grad);
+  for (int64_t ij = 0; ij < d.n * d.v; ++ij)
+    dg[ij] = b->dlogits[ij] + pr.u_grad * std::fabs(x.dlogits[ij]) + floor_g;
   if (d.logits_entry) {
     b->grad_logits.assign(d.n * d.v, 0.0);
     for (int64_t ij = 0; ij < d.n * d.v; ++ij)
-      b->grad_logits[ij] = b->dlogits[ij] + uo * std::fabs(x.dlogits[ij]) + floor;
+      b->grad_logits[ij] = dg[ij] + uo * std::fabs(x.dlogits[ij]) + floor;
     return;
   }
   const double gv1 = gamma(double(d.v + 1), ua), gn1 = gamma(double(d.n + 1), ua);
-  // The cast of G: relative rounding, or half the subnormal spacing below
-  // the cast format's normal range.
-  const double cast_floor = pr.u_grad > 0 ? tiny(pr.u_grad) / 2 : 0.0;
-  // Error of G' as the GEMMs see it, plus the GEMMs' own gamma terms.
-  std::vector<double> for_x(d.n * d.v), for_w(d.n * d.v);
+  // dG' plus the GEMMs' own gamma terms; grad_bias sums every entry of G'
+  // (the filter leaves none of it out).
+  std::vector<double> for_x(d.n * d.v), for_w(d.n * d.v), for_b(d.n * d.v);
   for (int64_t ij = 0; ij < d.n * d.v; ++ij) {
-    const double dg = b->dlogits[ij] + pr.u_grad * std::fabs(x.dlogits[ij]) + cast_floor;
-    for_x[ij] = dg + gv1 * std::fabs(x.dlogits[ij]);
-    for_w[ij] = dg + gn1 * std::fabs(x.dlogits[ij]);
+    for_x[ij] = dg[ij] + gv1 * std::fabs(x.dlogits[ij]);
+    for_w[ij] = for_b[ij] = dg[ij] + gn1 * std::fabs(x.dlogits[ij]);
   }
   if (pr.filter_eps > 0) {
-    const std::vector<double> dropped = filter_allowance(d, x, pr.filter_eps, b->dlogits);
+    const std::vector<double> dropped = filter_allowance(d, x, pr.filter_eps, ua, dg, b->lse);
     for (int64_t ij = 0; ij < d.n * d.v; ++ij) for_x[ij] += dropped[ij], for_w[ij] += dropped[ij];
   }
   b->grad_x.assign(d.n * d.h, 0.0);
@@ -361,7 +373,7 @@ void gradient_bounds(const DenseProblem& d, const BruteForce& x, const Precision
     b->grad_bias.assign(d.v, 0.0);
     for (int64_t j = 0; j < d.v; ++j) {
       double sum = 0.0;
-      for (int64_t i = 0; i < d.n; ++i) sum += for_w[i * d.v + j];
+      for (int64_t i = 0; i < d.n; ++i) sum += for_b[i * d.v + j];
       b->grad_bias[j] = sum + uo * std::fabs(x.grad_bias[j]) + floor;
     }
   }

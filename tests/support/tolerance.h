@@ -59,7 +59,8 @@
 //   most 2.60 u of relative error in s and 4.04 u in k t over every 7th
 //   float of that range (measured for eight k; tests/test_softcap_small.cpp
 //   checks (kappa + 4) u), inside the same budget.
-// An exact logit of +-inf (an infinite logits entry) is exact: ds_ij = 0.
+// An exact logit of +-inf (an infinite logits entry) is exact: ds_ij = 0,
+// or u_a k under a softcap k (s = +-k, with k's conversion).
 // Delta_i = max_j ds_ij, the row's worst logit error.
 //
 // ---------------------------------------------------------------------------
@@ -180,7 +181,8 @@
 //   nmin: the smallest normal, for an exp that flushes subnormal results to
 //   0, as the cuda backend's ex2.approx.ftz does).
 // Softcap: G^z = L G^s with L = 1 - (s/k)^2, whose error is
-//   dL_ij = 2 |s_ij| ds_ij / k^2 + 4 u_a (s/k, the square, 1 - .).
+//   dL_ij = 2 |s_ij| ds_ij / k^2 + 5 u_a (k's conversion and s/k, doubled
+//   by the square, 4 u t^2; the square, u t^2; 1 - ., u L; t^2 + L = 1).
 // Packed scores (u_q > 0): the pass reads s_ij back as ref - f16(ref - s_ij)
 // with ref a computed running max, ref <= M_i = max_j s_ij (first order),
 // so it starts from s_ij + q_ij with
@@ -189,21 +191,27 @@
 //   the f32 subtraction back), and every ds_ij and relP_ij of this section
 //   (not those of mu_i, whose sums came from the scores themselves) gains
 //   q_ij. Where s_ij or M_i is not finite q_ij = 0: p_ij is 0 or NaN either way.
-// Scale: G = a L G^s;  dG_ij = a (L dG^s_ij + |G^s_ij| dL_ij) + 2 u_a |G_ij|.
-// bound(grad_logits_ij) = dG_ij + out(G_ij).
+// Scale: G = a L G^s;  dG_ij = a (L dG^s_ij + |G^s_ij| dL_ij) + r u_a |G_ij|,
+// r = 2 (a's conversion, the product by a), 3 with a softcap (the product
+// by L). bound(grad_logits_ij) = dG'_ij + out(G_ij), dG' of section 7 when
+// a 16-bit grad_logits is written (grad_logits_dtype = storage).
 //
 // ---------------------------------------------------------------------------
 // 7. Parameter gradients
 // ---------------------------------------------------------------------------
 // The GEMMs read G' = G, cast with u_g: dG'_ij = dG_ij + u_g |G_ij| +
-// tiny(u_g) / 2 (rounding to nearest in a format with gradual underflow; the
+// cast_underflow(u_g): tiny(u_g) / 2 for rounding to nearest in a format with
+// gradual underflow, the smallest normal for bf16, whose dot-product
+// instructions (AVX512-BF16's VDPBF16PS, AMX) read subnormals as 0. The
 // absolute term is the one that counts where G falls below the format's
-// normal range, as f16 dlogits of a mean over many rows do). A dot
+// normal range, as f16 dlogits of a mean over many rows do. A dot
 // product of computed factors adds gamma_n of the sum of |products|; one
 // more rounding allows the scale a to be applied after the GEMM.
 //   bound(grad_x_ik) = sum_j (dG'_ij + gamma_{V+1} |G_ij|) |W_jk| + out
 //   bound(grad_W_jk) = sum_i (dG'_ij + gamma_{N+1} |G_ij|) |x_ik| + out
 //   bound(grad_b_j)  = sum_i (dG'_ij + gamma_{N+1} |G_ij|) + out
+// With gradient filtering, grad_x and grad_W also allow every entry the
+// filter may leave out (Precision::filter_eps); grad_b sums every entry.
 //
 // ---------------------------------------------------------------------------
 // 8. Argmax
@@ -259,6 +267,11 @@ double gamma(double n, double u);
 double tiny(double u);
 // Smallest positive normal of that format (nmin in section 6).
 double smallest_normal(double u);
+// Absolute error of a cast to the format of unit roundoff u below its normal
+// range (section 7): tiny(u) / 2, rounding to nearest; for bf16 the smallest
+// normal, as the bf16 dot-product instructions (AVX512-BF16, AMX) read a
+// subnormal bf16 as 0. 0 for u = 0 (no cast).
+double cast_underflow(double u);
 
 struct Precision {
   double u_accum = 0x1p-53;  // u_a
@@ -269,7 +282,8 @@ struct Precision {
   double u_saved_lse = 0.0;  // u_l
   // Gradient filtering's eps, resolved (0: off). The bounds of grad_x and
   // grad_W then also allow every entry the filter may drop (README,
-  // "Gradient filtering"): |G'_ij| wherever |G'_ij| <= eps kappa_i + dG_ij.
+  // "Gradient filtering"): |G'_ij| wherever |G'_ij| <= eps (kappa_i +
+  // dkappa_i) + dG'_ij (tolerance.cpp, filter_allowance).
   double filter_eps = 0.0;
 
   // The reference backend: float64 throughout, outputs stored as `out`.

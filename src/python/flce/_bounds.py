@@ -50,6 +50,21 @@ def smallest_normal(u):
     return _format_of(u)[2]
 
 
+def cast_underflow(u):
+    """A cast's absolute error below the normal range (section 7): tiny/2,
+    or bf16's smallest normal (its dot-product instructions read subnormals
+    as 0); 0 without a cast."""
+    if u <= 0:
+        return 0.0
+    return smallest_normal(u) if u == 2.0 ** -8 else tiny(u) / 2
+
+
+def cast_error(pr, G, dG):
+    """dG' of section 7: G's error once cast with u_g (for the GEMMs, or
+    a 16-bit grad_logits)."""
+    return dG + pr.u_grad * np.abs(G) + cast_underflow(pr.u_grad)
+
+
 def pw(p, q):
     return np.where(p == 0, 0.0, p * q)
 
@@ -149,7 +164,8 @@ def _logit_bounds(d, ex, pr):
         ds = (1.0 - tt * tt) * dz + ((KAPPA + 4.0) * ua + us) * np.abs(s)
     else:
         ds = dz + us * np.abs(s)
-    ds = np.where(np.isinf(z) & ~np.isnan(mag), 0.0, ds)  # +-inf logits are exact
+    # +-inf logits are exact; under a softcap s = +-k carries k's conversion.
+    ds = np.where(np.isinf(z) & ~np.isnan(mag), ua * d.k if d.k > 0 else 0.0, ds)
     return ds, ds.max(axis=1)
 
 
@@ -246,13 +262,13 @@ def block_bounds(d, pr, rows, want_grads):
     gs = gs + g_lse[:, None] * p - g_ent[:, None] * pw(p, sm)
     if d.k > 0:
         slope = 1.0 - (s / d.k) ** 2
-        dL = 2.0 * np.abs(s) * ds / (d.k * d.k) + 4.0 * ua
+        dL = 2.0 * np.abs(s) * ds / (d.k * d.k) + 5.0 * ua
         dgz = slope * dgs + np.abs(gs) * dL
     else:
         slope, dgz = 1.0, dgs
     G = d.a * slope * gs
     out["G"] = G
-    out["dG"] = d.a * dgz + 2.0 * ua * np.abs(G)
+    out["dG"] = d.a * dgz + (3.0 if d.k > 0 else 2.0) * ua * np.abs(G)
     return out
 
 
@@ -273,10 +289,7 @@ def gradient_parts(d, pr, G, dG):
     """Section 7's G' terms: what multiplies |W| (for grad_x) and |x| (for
     grad_W, grad_b) in the GEMM bounds."""
     ua = pr.u_accum
-    # The cast of G: relative rounding, or half the subnormal spacing below
-    # the cast format's normal range.
-    cast_floor = tiny(pr.u_grad) / 2 if pr.u_grad > 0 else 0.0
-    dg = dG + pr.u_grad * np.abs(G) + cast_floor
+    dg = cast_error(pr, G, dG)
     for_x = dg + gamma(d.v + 1.0, ua) * np.abs(G)
     for_w = dg + gamma(d.n + 1.0, ua) * np.abs(G)
     return for_x, for_w

@@ -248,7 +248,7 @@ def _all_bounds(d, pr, got, expected, grads, chunk_elements):
             if not want_grads:
                 continue
             if gl is not None:
-                gl[rows] = blk["dG"]
+                gl[rows] = _bounds.cast_error(pr, blk["G"], blk["dG"])
             if gx is not None or gw is not None or gb is not None:
                 for_x, for_w = _bounds.gradient_parts(d, pr, blk["G"], blk["dG"])
                 if gx is not None:
