@@ -293,6 +293,10 @@ def bench_shape(name, reps, variants, back_to_back=0, steady=0.0):
               f"fwd {t['fwd_ms']:.2f} ms ({t['fwd_ratio']:.3f}x), "
               f"step extra {t['step_peak_extra_bytes'] / MIB:.0f} MiB", flush=True)
     row["eager_ms"] = ms["eager"]
+    # The last timed call's gradients freed first: the measured call makes
+    # its own, as flce's calls do (kept, they were counted in the baseline
+    # and the figure lacked the gradients' size).
+    xe.grad = we.grad = None
     row["eager_peak_extra_bytes"] = peak_extra_bytes(eager)
     row["eager_loss"], row["flce_loss"] = eager()[0].item(), float(step().loss)
     del xe, we

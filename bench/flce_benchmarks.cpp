@@ -88,8 +88,11 @@ void run_pass(benchmark::State& state, const Shape& shape, Dtype dtype, Pass pas
   if (pass == Pass::backward) flce::forward(bp.problem(Pass::forward), config);
   const flce::cli::BenchProblem& cbp = bp;
   const flce::cpu::GemmEngine& engine = *flce::cli::bench_engine(dtype, "");
+  // Without a native GEMM in this dtype (bf16 without oneDNN's, say) there
+  // is no GEMM to compare with: the row times the pass alone.
+  const bool native = engine.supports(dtype);
   flce::Status status = flce::cli::call_pass(p, pass, config);  // warm-ups: first touch of the outputs
-  flce::cli::logits_gemm_seconds(engine, cbp, threads);
+  if (native) flce::cli::logits_gemm_seconds(engine, cbp, threads);
   flce::cli::PeakMemory peak;
   long peak_extra = 0;
   std::vector<double> pass_seconds, gemm_seconds, one_thread_seconds;
@@ -107,7 +110,7 @@ void run_pass(benchmark::State& state, const Shape& shape, Dtype dtype, Pass pas
     peak_extra = std::max(peak_extra, peak.extra_bytes());
     state.SetIterationTime(seconds);
     pass_seconds.push_back(seconds);
-    gemm_seconds.push_back(flce::cli::logits_gemm_seconds(engine, cbp, threads));
+    if (native) gemm_seconds.push_back(flce::cli::logits_gemm_seconds(engine, cbp, threads));
     if (threads > 1) {
       const auto t1 = std::chrono::steady_clock::now();
       status = flce::cli::call_pass(p, pass, one_thread);
@@ -129,16 +132,28 @@ void run_pass(benchmark::State& state, const Shape& shape, Dtype dtype, Pass pas
   state.counters["median_seconds"] = median(pass_seconds);
   if (threads > 1)
     state.counters["speedup_vs_1_thread"] = median(one_thread_seconds) / median(pass_seconds);
-  state.counters["ratio_to_gemm"] = median(pass_seconds) / (median(gemm_seconds) * gemms);
-  state.SetLabel(status.backend);
+  if (native) {
+    state.counters["ratio_to_gemm"] = median(pass_seconds) / (median(gemm_seconds) * gemms);
+    state.SetLabel(status.backend);
+  } else {
+    state.SetLabel(status.backend + ", no ratio: gemm engine " + engine.name() + " has no native " +
+                   flce::dtype_name(dtype) + " GEMM");
+  }
 }
 
 void run_gemm(benchmark::State& state, const Shape& shape, Dtype dtype) {
   const flce::cli::BenchProblem& bp = problem_for(shape, dtype);
   const flce::cpu::GemmEngine& engine = *flce::cli::bench_engine(dtype, "");
+  if (!engine.supports(dtype)) {
+    state.SkipWithError(("gemm engine " + std::string(engine.name()) + " has no native " +
+                         flce::dtype_name(dtype) + " GEMM").c_str());
+    return;
+  }
   // The GEMM's own timer, as run_pass's ratio uses it: the output buffer's
   // allocation and zeroing around it are not the GEMM's (counted in wall
-  // time, they made 2-thread scaling read 1.44x at S3).
+  // time, they made 2-thread scaling read 1.44x at S3). One call first:
+  // the engine's setup and the threads' start are not the GEMM's either.
+  flce::cli::logits_gemm_seconds(engine, bp, int(state.range(0)));
   for (auto _ : state)
     state.SetIterationTime(flce::cli::logits_gemm_seconds(engine, bp, int(state.range(0))));
   state.SetItemsProcessed(int64_t(state.iterations()) * shape.n);

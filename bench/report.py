@@ -37,7 +37,8 @@ def rows_of(report):
             "threads": int(m["threads"]), "ms": ms,
             "tokens_per_s": b["items_per_second"] * mean_ms / ms,
             "gflops": b["FLOPS"] * 1e-9 * mean_ms / ms,
-            "ratio": b["ratio_to_gemm"], "extra_mb": b["peak_extra_bytes"] / 2**20,
+            # No ratio where the engine has no native GEMM in the dtype.
+            "ratio": b.get("ratio_to_gemm"), "extra_mb": b["peak_extra_bytes"] / 2**20,
             "paired_speedup": b.get("speedup_vs_1_thread"),
         })
     return rows
@@ -50,7 +51,8 @@ def markdown(rows, context):
            "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         out.append(f"| {r['shape']} | {r['dtype']} | {r['pass']} | {r['threads']} | {r['ms']:.1f} | "
-                   f"{r['tokens_per_s']:.0f} | {r['gflops']:.1f} | {r['ratio']:.3f} | "
+                   f"{r['tokens_per_s']:.0f} | {r['gflops']:.1f} | "
+                   f"{'-' if r['ratio'] is None else format(r['ratio'], '.3f')} | "
                    f"{r['extra_mb']:.1f} |")
     return "\n".join(out) + "\n" + scaling(rows)
 
@@ -88,7 +90,7 @@ def chart(rows, path):
         for s in shapes:
             hit = [r for r in rows if (r["shape"], r["dtype"], r["pass"], r["threads"]) ==
                    (s, dtype, pass_, threads)]
-            values.append(1.0 / hit[0]["ratio"] if hit else 0.0)
+            values.append(1.0 / hit[0]["ratio"] if hit and hit[0]["ratio"] else 0.0)
         ax.bar([i + k * width for i in range(len(shapes))], values, width, label=f"{dtype} {pass_}")
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([i + width * (len(series) - 1) / 2 for i in range(len(shapes))], shapes)

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/float16.h"
+#include "cpu/parallel.h"
 
 namespace flce::cli {
 
@@ -108,8 +109,7 @@ double logits_gemm_seconds(const cpu::GemmEngine& engine, const BenchProblem& p,
   std::vector<float> out(size_t(threads) * size_t(std::min(rows, p.n)) * size_t(cols));
   const size_t elt = dtype_size(p.dtype);
   const auto t0 = std::chrono::steady_clock::now();
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t b = 0; b < row_blocks * col_blocks; ++b) {
+  cpu::parallel_for(threads, 0, row_blocks * col_blocks, [&](int64_t b) {
     const int64_t i0 = (b / col_blocks) * rows, j0 = (b % col_blocks) * cols;
     cpu::GemmArgs g{};
     g.m = std::min(rows, p.n - i0), g.n = std::min(cols, p.v - j0), g.k = p.h;
@@ -118,7 +118,7 @@ double logits_gemm_seconds(const cpu::GemmEngine& engine, const BenchProblem& p,
     g.b = static_cast<const char*>(p.w()) + size_t(j0 * p.h) * elt, g.ldb = p.h, g.trans_b = true;
     g.c = out.data() + size_t(omp_get_thread_num()) * size_t(std::min(rows, p.n)) * cols, g.ldc = cols;
     engine.run(g);
-  }
+  });
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
