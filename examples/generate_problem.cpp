@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <random>
 #include <string>
+#include <system_error>
 
 #include "io/npy.h"
 
@@ -33,12 +34,18 @@ bool save(const std::string& path, const flce::io::NpyArray& a) {
 int main(int argc, char** argv) {
   long long n = 0, h = 0, v = 0, ignored = 0, seed = 1;
   std::string out;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
+    if (i + 1 == argc) return std::fprintf(stderr, "generate_problem: %s needs a value\n", argv[i]), 2;
     long long* target = flag == "--n" ? &n : flag == "--h" ? &h : flag == "--v" ? &v
                       : flag == "--ignored" ? &ignored : flag == "--seed" ? &seed : nullptr;
     if (flag == "--out") out = argv[i + 1];
-    else if (target) *target = std::atoll(argv[i + 1]);
+    else if (target) {
+      char* end = nullptr;
+      *target = std::strtoll(argv[i + 1], &end, 10);
+      if (*argv[i + 1] == '\0' || *end != '\0')
+        return std::fprintf(stderr, "generate_problem: %s = '%s' is not an integer\n", argv[i], argv[i + 1]), 2;
+    }
     else return std::fprintf(stderr, "generate_problem: unknown option %s\n", argv[i]), 2;
   }
   if (n < 1 || h < 1 || v < 1 || ignored < 0 || ignored > n || out.empty()) {
@@ -53,7 +60,12 @@ int main(int argc, char** argv) {
   for (float& e : w) e = w_scale * normal(rng);
   std::vector<int64_t> labels(n);
   for (long long i = 0; i < n; ++i) labels[i] = i < ignored ? -100 : int64_t(rng() % v);
-  std::filesystem::create_directories(out);
+  std::error_code made;
+  std::filesystem::create_directories(out, made);
+  if (made) {
+    std::fprintf(stderr, "generate_problem: --out %s: %s\n", out.c_str(), made.message().c_str());
+    return 2;
+  }
   const bool ok = save(out + "/x.npy", array_of(flce::Dtype::f32, {n, h}, x.data())) &&
                   save(out + "/w.npy", array_of(flce::Dtype::f32, {v, h}, w.data())) &&
                   save(out + "/labels.npy", array_of(flce::Dtype::i64, {n}, labels.data()));

@@ -186,6 +186,9 @@ def main():
     p.add_argument("--measure-steps", type=int, default=2)
     p.add_argument("--measure", choices=("flce", "materialized"), help=argparse.SUPPRESS)
     args = p.parse_args()
+    for name in ("steps", "batch", "context", "embed", "hidden", "threads", "measure_steps"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} = {getattr(args, name)}: must be at least 1")
     if args.measure:
         return measure_step(args)
 
