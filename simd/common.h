@@ -57,7 +57,10 @@ inline void fold_tile(SoftmaxState* st, float tile_max, float sum_exp, float sum
   } else if (tile_max == m0) {
     st->argmax = min_index(st->argmax, tile_argmax);
   }
-  st->max = m;
+  // + 0: a max of -0 is kept as +0. Which zero a max instruction returns
+  // for -0 against +0 differs between ISAs (and from the scalar loop), so
+  // the state's bits would otherwise depend on the kernel set.
+  st->max = m + 0.0f;
   st->first_nan = min_index(st->first_nan, tile_first_nan);
 }
 

@@ -4,14 +4,16 @@
 // Semantics (common to every ISA; the scalar set is the reference):
 //  exp             y = exp(x): +inf above ~88.72, gradual underflow below
 //                  -87.34 down to +0 below ~-103.97, exp(-inf) = +0, NaN ->
-//                  NaN. Vector sets: within 1.2 ulp everywhere (measured
-//                  exhaustively); the scalar set is libm's expf.
+//                  NaN. Vector sets: within 1.2 ulp everywhere (AVX2 and
+//                  AVX-512 measured over every float: README); the scalar
+//                  set is libm's expf.
 //  scores          s = a*(s+b) if k == 0; k*tanh(a*(s+b)/k) if k > 0 (vector
 //                  sets multiply by 1/k instead of dividing; their tanh is
-//                  within 1.6 ulp, measured exhaustively). NaN stays NaN,
+//                  within 1.6 ulp, measured likewise). NaN stays NaN,
 //                  +-inf saturate to +-k.
 //  online_softmax  two passes over the tile (it is in cache): the max over
-//                  non-NaN s, then the sums relative to shift = max(state max,
+//                  non-NaN s (a max of zero is stored as +0 whichever zeros
+//                  the tile has), then the sums relative to shift = max(state max,
 //                  tile max) if finite, else 0 (see common.h). Terms:
 //                    sum_exp   += exp(s - shift)
 //                    sum_exp_s += e == 0 ? 0 : e * s      (no 0 * -inf NaN)
