@@ -59,8 +59,9 @@ int dispatch(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   const int status = dispatch(argc, argv);
-  // A report that did not reach stdout (a full disk, a closed pipe) is a
-  // failure even where the work itself succeeded.
+  // A report that did not reach stdout (a full disk) is a failure even where
+  // the work itself succeeded. (A closed pipe ends the process with SIGPIPE
+  // at the first write, as for other command-line tools.)
   errno = 0;
   if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
     std::fprintf(stderr, "flce: error: writing standard output: %s\n",

@@ -96,7 +96,8 @@ void logit_bounds(const DenseProblem& d, const BruteForce& x, const Precision& p
       const double z = x.z[ij], s = x.s[ij];
       double ds;
       if (std::isinf(z) && !std::isnan(m)) {
-        ds = k > 0 ? ua * k : 0.0;  // +-inf logits are exact; s = +-k carries k's conversion
+        // +-inf logits are exact; s = +-k carries k's conversion and storage.
+        ds = k > 0 ? (ua + us) * k : 0.0;
       } else {
         const double dz = a * g_dot * m;
         if (k > 0) {
@@ -282,7 +283,7 @@ void dlogits_bounds(const DenseProblem& d, const BruteForce& x, const Precision&
       double dgz = dgs;
       if (k > 0) {
         const double L = 1.0 - (s / k) * (s / k);
-        const double dL = 2.0 * std::fabs(s) * ds / (k * k) + 5.0 * ua;
+        const double dL = 2.0 * std::fabs(s) * ds / (k * k) + 6.0 * ua;
         dgz = L * dgs + std::fabs(gs) * dL;
       }
       b->dlogits[ij] = a * dgz + (k > 0 ? 3.0 : 2.0) * ua * std::fabs(x.dlogits[ij]);
@@ -294,8 +295,9 @@ void dlogits_bounds(const DenseProblem& d, const BruteForce& x, const Precision&
 // where |G'_ij| <= eps (kappa_i + dkappa_i) + dG'_ij, with G' = G - u c^T
 // (u_i = -a g_i e/V, g_i = r_i t_i) when label smoothing's term is split off,
 // kappa_i = a (|coef_p_i| + |g_ent_i|), coef_p_i = g_i ((1-e) c_y + (e/V) C +
-// 2 l lse_i) + g_lse_i, and dG' the error of G as cast for the GEMMs (the
-// backend compares the cast value). The threshold is computed too: from the
+// 2 l lse_i) + g_lse_i, and dG' the error of G as cast (the cpu backend
+// compares G after rounding it to the storage dtype, Plan::round_grad_logits,
+// where dlogits are cast). The threshold is computed too: from the
 // computed lse (a g 2 l dlse_i) in at most 8 roundings (8 u_a kappa_i),
 // dkappa_i. With a softcap and label smoothing together the filter is off.
 std::vector<double> filter_allowance(const DenseProblem& d, const BruteForce& x, double eps,

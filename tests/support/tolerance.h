@@ -60,7 +60,8 @@
 //   float of that range (measured for eight k; tests/test_softcap_small.cpp
 //   checks (kappa + 4) u), inside the same budget.
 // An exact logit of +-inf (an infinite logits entry) is exact: ds_ij = 0,
-// or u_a k under a softcap k (s = +-k, with k's conversion).
+// or (u_a + u_s) k under a softcap k (s = +-k, with k's conversion and the
+// storage).
 // Delta_i = max_j ds_ij, the row's worst logit error.
 //
 // ---------------------------------------------------------------------------
@@ -181,8 +182,11 @@
 //   nmin: the smallest normal, for an exp that flushes subnormal results to
 //   0, as the cuda backend's ex2.approx.ftz does).
 // Softcap: G^z = L G^s with L = 1 - (s/k)^2, whose error is
-//   dL_ij = 2 |s_ij| ds_ij / k^2 + 5 u_a (k's conversion and s/k, doubled
-//   by the square, 4 u t^2; the square, u t^2; 1 - ., u L; t^2 + L = 1).
+//   dL_ij = 2 |s_ij| ds_ij / k^2 + 6 u_a: t = s/k takes at most three
+//   roundings (k's conversion, 1/k and the product in the vector kernels;
+//   k's conversion and the quotient in the scalar ones), doubled by the
+//   square, 6 u t^2; 1 - t^2 at most one more and the square's own, u t^2 +
+//   u L where they are separate, with two roundings in t (t^2 + L = 1).
 // Packed scores (u_q > 0): the pass reads s_ij back as ref - f16(ref - s_ij)
 // with ref a computed running max, ref <= M_i = max_j s_ij (first order),
 // so it starts from s_ij + q_ij with

@@ -137,7 +137,9 @@ def mark_written(objs):
     bump = getattr(getattr(torch, "autograd", None), "graph", None) if torch else None
     bump = getattr(bump, "increment_version", None)
     for obj in objs:
-        if bump is not None and is_torch(obj):
+        # An inference-mode tensor has no version counter (torch before 2.5
+        # raised on it).
+        if bump is not None and is_torch(obj) and not obj.is_inference():
             bump(obj)
 
 

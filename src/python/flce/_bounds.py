@@ -164,8 +164,9 @@ def _logit_bounds(d, ex, pr):
         ds = (1.0 - tt * tt) * dz + ((KAPPA + 4.0) * ua + us) * np.abs(s)
     else:
         ds = dz + us * np.abs(s)
-    # +-inf logits are exact; under a softcap s = +-k carries k's conversion.
-    ds = np.where(np.isinf(z) & ~np.isnan(mag), ua * d.k if d.k > 0 else 0.0, ds)
+    # +-inf logits are exact; under a softcap s = +-k carries k's conversion
+    # and storage.
+    ds = np.where(np.isinf(z) & ~np.isnan(mag), (ua + us) * d.k if d.k > 0 else 0.0, ds)
     return ds, ds.max(axis=1)
 
 
@@ -262,7 +263,7 @@ def block_bounds(d, pr, rows, want_grads):
     gs = gs + g_lse[:, None] * p - g_ent[:, None] * pw(p, sm)
     if d.k > 0:
         slope = 1.0 - (s / d.k) ** 2
-        dL = 2.0 * np.abs(s) * ds / (d.k * d.k) + 5.0 * ua
+        dL = 2.0 * np.abs(s) * ds / (d.k * d.k) + 6.0 * ua
         dgz = slope * dgs + np.abs(gs) * dL
     else:
         slope, dgz = 1.0, dgs
