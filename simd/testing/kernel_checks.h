@@ -8,8 +8,9 @@
 //
 // Tolerances. u = 2^-24 is the unit roundoff of f32; an error of E ulp is at
 // most 2E u relative. The kernels' documented accuracy (AVX2 and AVX-512
-// measured over every float with FLCE_SIMD_SWEEP_STRIDE=1: README): vector exp <= 1.2 ulp, vector tanh <= 1.6 ulp (bounded by 2 ulp
-// = 4u below); libm's expf <= 1 ulp (2u), tanhf <= 2.5 ulp (5u).
+// measured over every float with FLCE_SIMD_SWEEP_STRIDE=1: README): vector
+// exp <= 1.2 ulp, vector tanh <= 1.6 ulp (bounded by 2 ulp = 4u below);
+// libm's expf <= 1 ulp (2u), tanhf <= 2.5 ulp (5u).
 //  * Element-wise results (exp, scores, dlogits) get a running-error bound:
 //    every f32 operation of either implementation perturbs its result by a
 //    factor (1 + d), |d| <= u, so the difference of the two results is at

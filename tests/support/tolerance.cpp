@@ -345,12 +345,19 @@ void gradient_bounds(const DenseProblem& d, const BruteForce& x, const Precision
     return;
   }
   const double gv1 = gamma(double(d.v + 1), ua), gn1 = gamma(double(d.n + 1), ua);
-  // dG' plus the GEMMs' own gamma terms; grad_bias sums every entry of G'
-  // (the filter leaves none of it out).
-  std::vector<double> for_x(d.n * d.v), for_w(d.n * d.v), for_b(d.n * d.v);
+  // dG' plus the GEMMs' own gamma terms.
+  std::vector<double> for_x(d.n * d.v), for_w(d.n * d.v);
   for (int64_t ij = 0; ij < d.n * d.v; ++ij) {
     for_x[ij] = dg[ij] + gv1 * std::fabs(x.dlogits[ij]);
-    for_w[ij] = for_b[ij] = dg[ij] + gn1 * std::fabs(x.dlogits[ij]);
+    for_w[ij] = dg[ij] + gn1 * std::fabs(x.dlogits[ij]);
+  }
+  if (!d.bias.empty()) {  // before the filter's allowance: grad_bias sums every entry of G'
+    b->grad_bias.assign(d.v, 0.0);
+    for (int64_t j = 0; j < d.v; ++j) {
+      double sum = 0.0;
+      for (int64_t i = 0; i < d.n; ++i) sum += for_w[i * d.v + j];
+      b->grad_bias[j] = sum + uo * std::fabs(x.grad_bias[j]) + floor;
+    }
   }
   if (pr.filter_eps > 0) {
     const std::vector<double> dropped = filter_allowance(d, x, pr.filter_eps, ua, dg, b->lse);
@@ -371,14 +378,6 @@ void gradient_bounds(const DenseProblem& d, const BruteForce& x, const Precision
       const int64_t at = d.w_index(j, kk);
       b->grad_w[at] = sum + uo * std::fabs(x.grad_w[at]) + floor;
     }
-  if (!d.bias.empty()) {
-    b->grad_bias.assign(d.v, 0.0);
-    for (int64_t j = 0; j < d.v; ++j) {
-      double sum = 0.0;
-      for (int64_t i = 0; i < d.n; ++i) sum += for_b[i * d.v + j];
-      b->grad_bias[j] = sum + uo * std::fabs(x.grad_bias[j]) + floor;
-    }
-  }
 }
 
 // The objective sum_i r-weighted loss + g_lse . lse + g_ent . H, from the

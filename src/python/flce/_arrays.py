@@ -133,9 +133,8 @@ def mark_written(objs):
     wrote in place, as torch's own in-place ops do, so a graph that saved one
     of them raises at backward instead of reading the new values (torch
     2.1 and later; older versions have no public way to do it)."""
-    torch = _torch()
-    bump = getattr(getattr(torch, "autograd", None), "graph", None) if torch else None
-    bump = getattr(bump, "increment_version", None)
+    torch = _torch()  # None: no torch tensor can be among objs
+    bump = getattr(torch.autograd.graph, "increment_version", None) if torch else None
     for obj in objs:
         # An inference-mode tensor has no version counter (torch before 2.5
         # raised on it).

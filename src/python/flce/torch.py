@@ -155,16 +155,15 @@ def linear_cross_entropy(x, W, y, bias=None, *, class_weights=None, token_weight
                              f"weights (pass {name}.detach())")
     if cw is not None and cw.dtype not in (torch.float32, torch.float64):
         cw = cw.float()  # e.g. a module buffer that .bfloat16() converted
-    options = dict(ignore_index=int(ignore_index), label_smoothing=float(label_smoothing),
-                   z_loss=float(z_loss), softcap=float(softcap), logit_scale=float(logit_scale),
-                   reduction=reduction, w_layout=w_layout, grad_logits_dtype=grad_logits_dtype,
-                   filter_eps=filter_eps if filter_eps == "auto" else float(filter_eps))
     if w_layout == "hv" and W.dim() == 2 and W.t().is_contiguous():
         # W given as [H, V] over a row-major [V, H] (lm_head.weight.t()): that
         # [V, H] itself, without a copy (and on an H100 the fused kernels, which
         # take W as [V, H]); autograd carries its gradient back through .t().
         W, w_layout = W.t(), "vh"
-    options = dict(options, w_layout=w_layout)
+    options = dict(ignore_index=int(ignore_index), label_smoothing=float(label_smoothing),
+                   z_loss=float(z_loss), softcap=float(softcap), logit_scale=float(logit_scale),
+                   reduction=reduction, w_layout=w_layout, grad_logits_dtype=grad_logits_dtype,
+                   filter_eps=filter_eps if filter_eps == "auto" else float(filter_eps))
     run = dict(backend=backend, gemm=gemm, threads=threads)
     config = _Config(options, run, bool(return_entropy))
     if x2.shape[0] == 0:
