@@ -363,7 +363,8 @@ Dims dims_of(const Problem& p) {
 
 Problem with_canonical_strides(const Problem& p) {
   Problem c = p;
-  for (auto [name, t] : tensors_of(c)) {
+  for (auto named : tensors_of(c)) {
+    Tensor* t = named.tensor;
     for (int d = t->ndim - 1; d >= 0; --d) {
       if (t->shape[d] != 1) continue;
       t->stride[d] = d == t->ndim - 1 ? 1 : t->stride[d + 1] * t->shape[d + 1];

@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "flce/flce.h"
@@ -30,19 +31,30 @@ constexpr int kMaxThreads = 4096;
 // Checks the RunConfig's own values (threads); "" or the error.
 std::string validate_config(const RunConfig& config);
 
-// Every tensor of a problem (const or not), with its name, in the order
-// flce.h declares them.
+// One tensor of a problem: its name, a pointer to it, and whether a call
+// writes it (outputs and gradients) rather than reads it.
+template <class T>
+struct NamedTensor {
+  const char* name;
+  T* tensor;
+  bool written;
+};
+
+// Every tensor of a problem (const or not), in the order flce.h declares
+// them.
 template <class P>
 auto tensors_of(P& p) {
-  using T = decltype(&p.x);
-  return std::array<std::pair<const char*, T>, 20>{{
-      {"x", &p.x}, {"w", &p.w}, {"bias", &p.bias}, {"logits", &p.logits},
-      {"labels", &p.labels}, {"token_weights", &p.token_weights},
-      {"class_weights", &p.class_weights}, {"loss", &p.loss}, {"lse", &p.lse},
-      {"logprob", &p.logprob}, {"argmax", &p.argmax}, {"entropy", &p.entropy},
-      {"zloss", &p.zloss}, {"grad_loss", &p.grad_loss}, {"grad_lse", &p.grad_lse},
-      {"grad_entropy", &p.grad_entropy}, {"grad_x", &p.grad_x}, {"grad_w", &p.grad_w},
-      {"grad_bias", &p.grad_bias}, {"grad_logits", &p.grad_logits}}};
+  using T = std::remove_pointer_t<decltype(&p.x)>;
+  return std::array<NamedTensor<T>, 20>{{
+      {"x", &p.x, false}, {"w", &p.w, false}, {"bias", &p.bias, false},
+      {"logits", &p.logits, false}, {"labels", &p.labels, false},
+      {"token_weights", &p.token_weights, false}, {"class_weights", &p.class_weights, false},
+      {"loss", &p.loss, true}, {"lse", &p.lse, true}, {"logprob", &p.logprob, true},
+      {"argmax", &p.argmax, true}, {"entropy", &p.entropy, true}, {"zloss", &p.zloss, true},
+      {"grad_loss", &p.grad_loss, false}, {"grad_lse", &p.grad_lse, false},
+      {"grad_entropy", &p.grad_entropy, false}, {"grad_x", &p.grad_x, true},
+      {"grad_w", &p.grad_w, true}, {"grad_bias", &p.grad_bias, true},
+      {"grad_logits", &p.grad_logits, true}}};
 }
 
 // The problem with every size-1 dimension's stride (which addresses nothing,

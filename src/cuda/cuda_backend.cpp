@@ -60,7 +60,7 @@ struct Named {
 
 // Every tensor must be device memory of the device the views name.
 std::string pointer_problem(const Problem& p) {
-  for (auto [name, t] : tensors_of(p)) {
+  for (auto [name, t, written] : tensors_of(p)) {
     if (!t->present() || t->data == nullptr) continue;
     cudaPointerAttributes attr{};
     const cudaError_t e = cudaPointerGetAttributes(&attr, t->data);

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <vector>
 
+#include "validate.h"
+
 #ifdef FLCE_HAVE_CUDA
 #include <cuda_runtime.h>
 
@@ -11,24 +13,6 @@
 #endif
 
 namespace flce::cuda {
-namespace {
-
-// Every Tensor member of a Problem, by pointer-to-member, and whether it is
-// written by a call.
-struct Member {
-  Tensor Problem::*field;
-  bool output;
-};
-constexpr Member kMembers[] = {
-    {&Problem::x, false},        {&Problem::w, false},        {&Problem::bias, false},
-    {&Problem::logits, false},   {&Problem::labels, false},   {&Problem::token_weights, false},
-    {&Problem::class_weights, false}, {&Problem::loss, true}, {&Problem::lse, true},
-    {&Problem::logprob, true},   {&Problem::argmax, true},    {&Problem::entropy, true},
-    {&Problem::zloss, true},     {&Problem::grad_loss, false}, {&Problem::grad_lse, false},
-    {&Problem::grad_entropy, false}, {&Problem::grad_x, true}, {&Problem::grad_w, true},
-    {&Problem::grad_bias, true}, {&Problem::grad_logits, true}};
-
-}  // namespace
 
 #ifdef FLCE_HAVE_CUDA
 
@@ -96,8 +80,8 @@ std::string DeviceProblem::upload(const Problem& host, int device) {
   // there: aliases share it (logits and grad_logits in place; two inputs
   // of different lengths on one buffer).
   std::vector<Copy> wanted;
-  for (const Member& m : kMembers) {
-    const Tensor& h = host.*m.field;
+  for (auto named : tensors_of(host)) {
+    const Tensor& h = *named.tensor;
     if (!h.present()) continue;
     auto same = std::find_if(wanted.begin(), wanted.end(),
                              [&](const Copy& c) { return c.host == h.data; });
@@ -115,8 +99,8 @@ std::string DeviceProblem::upload(const Problem& host, int device) {
         return std::string("copying to the device: ") + cudaGetErrorString(e);
     }
   }
-  for (const Member& m : kMembers) {
-    Tensor& d = device_.*m.field;
+  for (auto named : tensors_of(device_)) {
+    Tensor& d = *named.tensor;
     if (!d.present()) continue;
     d.data = std::find_if(copies_.begin(), copies_.end(), [&](const Copy& c) {
                return c.host == d.data;
@@ -130,9 +114,9 @@ std::string DeviceProblem::upload(const Problem& host, int device) {
 std::string DeviceProblem::download(const Problem& host) const {
   if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess)
     return std::string("cuda: ") + cudaGetErrorString(e);
-  for (const Member& m : kMembers) {
-    const Tensor& h = host.*m.field;
-    if (!m.output || !h.present()) continue;
+  for (auto named : tensors_of(host)) {
+    const Tensor& h = *named.tensor;
+    if (!named.written || !h.present()) continue;
     for (const Copy& c : copies_) {
       if (c.host != h.data || c.bytes == 0) continue;
       if (cudaError_t e = cudaMemcpy(const_cast<void*>(c.host), c.device, c.bytes,

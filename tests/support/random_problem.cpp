@@ -314,9 +314,9 @@ flce::Tensor overlapping_view(flce::Tensor base, int64_t rows, int64_t cols) {
 }
 
 void stride_0_where_size_1(flce::Problem* p) {
-  for (auto [name, t] : flce::tensors_of(*p))
-    for (int d = 0; d < t->ndim; ++d)
-      if (t->shape[d] == 1) t->stride[d] = 0;
+  for (auto named : flce::tensors_of(*p))
+    for (int d = 0; d < named.tensor->ndim; ++d)
+      if (named.tensor->shape[d] == 1) named.tensor->stride[d] = 0;
 }
 
 }  // namespace
