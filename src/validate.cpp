@@ -137,8 +137,8 @@ std::string check_options(const Options& o) {
     return format("logit_scale = %g: must be finite and > 0", o.logit_scale);
   if (!(std::isfinite(o.softcap) && o.softcap >= 0))
     return format("softcap = %g: must be finite and >= 0 (0 turns the softcap off)", o.softcap);
-  if (!(o.label_smoothing >= 0 && o.label_smoothing < 1))
-    return format("label_smoothing = %g: must be in [0, 1)", o.label_smoothing);
+  if (!(o.label_smoothing >= 0 && o.label_smoothing <= 1))
+    return format("label_smoothing = %g: must be in [0, 1]", o.label_smoothing);
   if (!(std::isfinite(o.z_loss) && o.z_loss >= 0))
     return format("z_loss = %g: must be finite and >= 0", o.z_loss);
   if (o.reduction != Reduction::none && o.reduction != Reduction::sum &&

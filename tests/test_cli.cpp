@@ -553,7 +553,7 @@ using CliOptions = Cli;
 TEST_F(CliOptions, OutOfRangeValues) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"--softcap", "-1"},        {"--softcap", "nan"},         {"--softcap", "inf"},
-      {"--label-smoothing", "1"}, {"--label-smoothing", "1.5"}, {"--label-smoothing", "-0.1"},
+      {"--label-smoothing", "1.5"}, {"--label-smoothing", "-0.1"},
       {"--label-smoothing", "nan"}, {"--z-loss", "-1"},         {"--z-loss", "nan"},
       {"--z-loss", "inf"},        {"--logit-scale", "0"},       {"--logit-scale", "-1"},
       {"--logit-scale", "nan"},   {"--logit-scale", "inf"},     {"--threads", "0"},

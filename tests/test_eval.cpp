@@ -614,7 +614,7 @@ TEST_F(EvalErrors, BadOptions) {
   fails(with("--block-rows", "many"), {"--block-rows: 'many' is not an integer"});
   fails(with("--logit-scale", "-1"), {"--logit-scale: logit_scale = -1"});
   fails(with("--softcap", "abc"), {"--softcap: 'abc' is not a number"});
-  fails(with("--label-smoothing", "1"), {"--label-smoothing: label_smoothing = 1"});
+  fails(with("--label-smoothing", "1.5"), {"--label-smoothing: label_smoothing = 1.5"});
   fails(with("--z-loss", "-0.5"), {"--z-loss: z_loss = -0.5"});
   fails(with("--dtype", "f8"), {"--dtype: 'f8' is not one of f32|bf16|f16"});
   fails(with("--w-layout", "vv"), {"--w-layout: 'vv' is not one of vh|hv"});

@@ -109,7 +109,7 @@ TEST(ReferenceOptions, Softcap) {
 }
 
 TEST(ReferenceOptions, LabelSmoothing) {
-  for (double e : {0.1, 0.5, 0.95}) {
+  for (double e : {0.1, 0.5, 0.95, 1.0}) {
     SCOPED_TRACE("e = " + std::to_string(e));
     check_all_passes(Case::head(5, 6, 9).label_smoothing(e));
   }

@@ -618,8 +618,7 @@ TEST_F(ValidationOptions, Softcap) {
 }
 
 TEST_F(ValidationOptions, LabelSmoothing) {
-  for (OptionCase c : {OptionCase{-0.1, "-0.1"}, {1, "= 1"}, {1.5, "1.5"}, {kNaN, "nan"},
-                       {kInf, "inf"}}) {
+  for (OptionCase c : {OptionCase{-0.1, "-0.1"}, {1.5, "1.5"}, {kNaN, "nan"}, {kInf, "inf"}}) {
     SCOPED_TRACE(c.shown);
     Problem p = train();
     p.options.label_smoothing = c.value;
@@ -627,6 +626,8 @@ TEST_F(ValidationOptions, LabelSmoothing) {
   }
   Problem p = train();
   p.options.label_smoothing = 0.999;
+  accept(kTrain, p);
+  p.options.label_smoothing = 1;  // all uniform: PyTorch's upper end too
   accept(kTrain, p);
 }
 

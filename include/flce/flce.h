@@ -35,7 +35,7 @@ struct Options {
   double logit_scale = 1.0;      // a > 0:  z = a * (x . W_j + b_j)
   double softcap = 0.0;          // k >= 0: s = k * tanh(z / k); 0 = off
   int64_t ignore_index = -100;   // rows with this label contribute no loss
-  double label_smoothing = 0.0;  // e in [0, 1)
+  double label_smoothing = 0.0;  // e in [0, 1]
   double z_loss = 0.0;           // l >= 0: adds l * lse^2 per row
   Reduction reduction = Reduction::mean;
   GradLogitsDtype grad_logits_dtype = GradLogitsDtype::f32;

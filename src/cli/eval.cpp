@@ -50,7 +50,7 @@ const std::vector<Flag>& eval_flags() {
       {"logit-scale", "A", "logit scale a > 0 (default 1)"},
       {"softcap", "K", "softcap k >= 0, 0 = off (default 0)"},
       {"ignore-index", "I", "label of rows that are not scored (default -100)"},
-      {"label-smoothing", "E", "label smoothing in [0, 1) (default 0)"},
+      {"label-smoothing", "E", "label smoothing in [0, 1] (default 0)"},
       {"z-loss", "L", "z-loss weight >= 0 (default 0)"},
       {"block-rows", "R", "rows per forward call, >= 1 (default 4096)"},
       {"backend", "NAME", "backend (default: FLCE_BACKEND if set, else cpu; see `flce backends`)"},

@@ -34,7 +34,7 @@ const std::vector<Flag>& run_flags() {
       {"logit-scale", "A", "logit scale a > 0 (default 1)"},
       {"softcap", "K", "softcap k >= 0, 0 = off (default 0)"},
       {"ignore-index", "I", "label of rows that carry no loss (default -100)"},
-      {"label-smoothing", "E", "label smoothing in [0, 1) (default 0)"},
+      {"label-smoothing", "E", "label smoothing in [0, 1] (default 0)"},
       {"z-loss", "L", "z-loss weight >= 0 (default 0)"},
       {"reduction", "none|sum|mean", "how per-row losses combine (default mean)"},
       {"grad", nullptr, "also compute gradients"},

@@ -296,7 +296,7 @@ def test_bad_inputs_raise_the_library_message(change, error, message):
 
 
 @pytest.mark.parametrize("kwargs, error, message", [
-    ({"label_smoothing": 1.5}, ValueError, r"^label_smoothing = 1.5: must be in \[0, 1\)"),
+    ({"label_smoothing": 1.5}, ValueError, r"^label_smoothing = 1.5: must be in \[0, 1\]"),
     ({"logit_scale": 0.0}, ValueError, r"^logit_scale = 0: must be finite and > 0"),
     ({"softcap": -1.0}, ValueError, r"^softcap = -1"),
     ({"z_loss": float("nan")}, ValueError, r"^z_loss = nan"),

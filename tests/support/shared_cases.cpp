@@ -15,6 +15,7 @@ std::vector<Case> each_option_alone(HeadMaker head) {
       head(5, 6, 9, 1).with_bias(),
       head(5, 6, 9, 1).with_token_weights(),
       head(5, 6, 9, 1).with_class_weights().label_smoothing(0.1),
+      head(5, 6, 9, 1).with_class_weights().label_smoothing(1),  // all uniform, as torch allows
       head(5, 6, 9, 1).ignore_index(3).ignore_rows({0, 4}),
       head(5, 6, 9, 1).layout(WeightLayout::hv),
   };
