@@ -214,6 +214,9 @@ TEST_F(CliCommands, HelpVersionAndBackends) {
   r = run({"backends"});
   EXPECT_EQ(r.code, 0);
   EXPECT_NE(r.out.find("reference"), std::string::npos) << r.out;
+  r = run({"backends", "--help"});  // `flce <command> --help`, as the usage says
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("usage: flce backends"), std::string::npos) << r.out;
 }
 
 TEST_F(CliCommands, BadCommands) {
@@ -254,6 +257,9 @@ TEST_F(CliCommands, BenchRefusesSizesBeyondTheMachine) {
       {{"--n", "4294967296", "--h", "4294967296", "--v", "2"}, "more than 2^63 bytes"},
       {{"--n", "9223372036854775807", "--h", "2", "--v", "2"}, "--n 9223372036854775807"},
       {{"--n", "2", "--h", "2", "--v", "2199023255552"}, "--v 2199023255552"},
+      // Not a size, but refused as early: a forward has no gradients to filter.
+      {{"--n", "2", "--h", "2", "--v", "2", "--pass", "fwd", "--filter-eps", "auto"},
+       "--filter-eps"},
   };
   for (const auto& c : cases) {
     Args a = {"bench"};
@@ -355,6 +361,18 @@ TEST_F(CliRun, RerunOverwritesCleanly) {
   EXPECT_EQ(second.at("loss.npy").size(), first.at("loss.npy").size());
   EXPECT_EQ(succeeds(args), kForwardFiles);  // no temporary files left behind
   EXPECT_TRUE(snapshot_dir(out) == first);
+}
+
+TEST_F(CliRun, StaleGradientsAreRemovedButNotInputs) {
+  EXPECT_EQ(succeeds(plus(args, {"--grad"})), (forward_and({"grad_x.npy", "grad_w.npy"})));
+  EXPECT_EQ(succeeds(args), kForwardFiles);  // the first run's gradients are gone
+  fs::remove_all(out);
+  EXPECT_EQ(succeeds(plus(logits_args(), {"--grad"})), (forward_and({"grad_logits.npy"})));
+  const auto first = snapshot_dir(out);
+  // That grad_logits.npy as the next run's input: it stays.
+  const Args again = with(logits_args(), "--logits", out + "/grad_logits.npy");
+  EXPECT_EQ(succeeds(again), (forward_and({"grad_logits.npy"})));
+  EXPECT_EQ(snapshot_dir(out).at("grad_logits.npy"), first.at("grad_logits.npy"));
 }
 
 TEST_F(CliRun, BadRunLeavesEarlierOutputsUntouched) {
@@ -529,6 +547,9 @@ TEST_F(CliShapes, MismatchesBetweenFiles) {
 TEST_F(CliShapes, BadValuesInsideFiles) {
   const std::string y = write_array(tmp.file("y.npy"), Dtype::i32, {N}, {0, 1, 5, 2});
   fails(with("--labels", y), {"--labels", y, "labels[2] = 5"});
+  // The file is named whatever its name ends in (it was only for ".npy").
+  const std::string y_bin = write_array(tmp.file("labels.bin"), Dtype::i32, {N}, {0, 1, 5, 2});
+  fails(with("--labels", y_bin), {"--labels " + y_bin + ": labels[2] = 5"});
   const std::string yn = write_array(tmp.file("yn.npy"), Dtype::i64, {N}, {0, -1, 1, 2});
   fails(with("--labels", yn), {"--labels", yn, "labels[1] = -1"});
   // ... but -1 is fine as the ignore index.
@@ -593,6 +614,10 @@ TEST_F(CliOptions, UnknownOptionsAndValues) {
   fails(plus(args, {"--softcap", "1", "--softcap", "2"}), {"--softcap", "more than once"});
   fails(plus(args, {"--grad=yes"}), {"--grad", "yes"});
   fails(plus(args, {"--softcap"}), {"--softcap", "missing"});
+  // A forgotten value is not filled by the next option: that ran into a
+  // directory named "--grad" without gradients, and exited 0.
+  fails(plus(without(args, "--out"), {"--out", "--grad"}), {"--out", "missing", "'--grad'"});
+  fails(plus(args, {"--bias", "--grad"}), {"--bias", "missing", "'--grad'"});
 }
 
 TEST_F(CliOptions, EmptyBackendName) {
@@ -614,6 +639,7 @@ TEST_F(CliOptions, MissingAndConflictingFlags) {
     SCOPED_TRACE(g);
     fails(plus(args, {g, token_w}), {g, "--grad"});
   }
+  fails(plus(args, {"--filter-eps", "auto"}), {"--filter-eps", "--grad"});
 }
 
 // ---------------------------------------------------------------------------

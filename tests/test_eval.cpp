@@ -163,6 +163,8 @@ TEST(EvalNpyMap, AgreesWithReadNpyOnGoodAndMalformedFiles) {
       {"text after the dict", npy_bytes(good + " xyz }", six)},
       {"big-endian", npy_bytes("{'descr': '>f4', 'fortran_order': False, 'shape': (2, 3)}", six)},
       {"fortran", npy_bytes("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3)}", six)},
+      {"fortran vector", npy_bytes("{'descr': '<f4', 'fortran_order': True, 'shape': (6,)}", six)},
+      {"fortran row", npy_bytes("{'descr': '<f4', 'fortran_order': True, 'shape': (1, 6)}", six)},
       {"uint8", npy_bytes("{'descr': '|u1', 'fortran_order': False, 'shape': (6,)}", six)},
       {"negative", npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (3, -2)}", six)},
       {"too many elements",

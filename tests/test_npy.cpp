@@ -230,6 +230,18 @@ TEST_F(NpyFile, UnwritablePathReportsStrerror) {
   EXPECT_NE(err.find("No such file or directory"), std::string::npos) << err;
 }
 
+// A failed write removes the truncated file it made, but only a regular
+// file: a device at the path stays (it used to be unlinked). Reached here
+// through a link to /dev/full, so that the old code removed the link only.
+TEST_F(NpyFile, FailedWriteRemovesOnlyRegularFiles) {
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full on this system";
+  const std::string link = path("full.npy");
+  fs::create_symlink("/dev/full", link);
+  std::string err = write_npy(link, make_array(Dtype::f32, {}, raw<float>({1})));
+  EXPECT_NE(err.find("cannot write"), std::string::npos) << err;
+  EXPECT_TRUE(fs::is_symlink(link));
+}
+
 // ---- Writer errors.
 
 TEST(NpyWrite, RejectsBf16) {
@@ -388,6 +400,22 @@ TEST(NpyMalformed, BigEndian) {
 
 TEST(NpyMalformed, FortranOrder) {
   EXPECT_HAS(header_error(dict("'<f4'", "True", "(2, 3)"), Bytes(24)), "fortran_order is True");
+  EXPECT_HAS(header_error(dict("'<f4'", "True", "(2, 1, 3)"), Bytes(24)), "fortran_order is True");
+}
+
+// With at most one dimension above 1, column-major bytes are row-major ones.
+TEST(NpyRead, AcceptsFortranOrderWhereItIsCOrder) {
+  for (const char* shape : {"(3,)", "()", "(1, 3)", "(3, 1)", "(1, 3, 1)", "(0, 2)"}) {
+    SCOPED_TRACE(shape);
+    const std::string s(shape);
+    const int64_t n = s == "()" ? 1 : s == "(0, 2)" ? 0 : 3;
+    const std::vector<float> values = {1.5f, -2.0f, 3.25f};
+    const Bytes data = raw<float>(std::vector<float>(values.begin(), values.begin() + n));
+    Bytes file = make_npy(dict("'<f4'", "True", shape), data);
+    NpyArray out;
+    ASSERT_EQ(parse_npy(file.data(), file.size(), "X.npy", &out), "");
+    EXPECT_EQ(out.bytes, data);
+  }
 }
 
 TEST(NpyMalformed, ObjectDtype) {

@@ -24,6 +24,12 @@ std::string Args::parse(int argc, char** argv, int first, const std::vector<Flag
       if (inline_value) return "--" + name + ": takes no value (got '" + value + "')";
     } else if (!inline_value) {
       if (i + 1 >= argc) return "--" + name + ": missing its value " + flag->value;
+      // `--out --grad` is a forgotten value, not a directory named "--grad";
+      // a value that does start with -- can be given as --out=--grad.
+      const std::string next = argv[i + 1];
+      if (next.rfind("--", 0) == 0)
+        return "--" + name + ": missing its value " + flag->value + " (the next argument is '" +
+               next + "'; write --" + name + "=" + next + " if that is the value)";
       value = argv[++i];
     }
     if (flag->value != nullptr && value.empty())

@@ -10,18 +10,25 @@
 namespace flce::cli {
 namespace {
 
-// The flag each API argument name comes from.
-const char* flag_of(const std::string& api_name) {
-  static const std::pair<const char*, const char*> table[] = {
-      {"x", "x"}, {"w", "w"}, {"bias", "bias"}, {"logits", "logits"}, {"labels", "labels"},
-      {"token_weights", "token-weights"}, {"class_weights", "class-weights"},
-      {"logit_scale", "logit-scale"}, {"softcap", "softcap"},
-      {"label_smoothing", "label-smoothing"}, {"z_loss", "z-loss"},
-      {"grad_loss", "grad-loss"}, {"grad_lse", "grad-lse"}, {"grad_entropy", "grad-entropy"},
-      {"backend", "backend"}, {"threads", "threads"}, {"gemm", "gemm"},
-      {"grad_logits_dtype", "grad-logits"}, {"filter_eps", "filter-eps"}};
-  for (auto [api, flag] : table)
-    if (api_name == api) return flag;
+// The flag each API argument name comes from, and whether its value is a
+// file (named in messages).
+struct FlagOf {
+  const char* api;
+  const char* flag;
+  bool file;
+};
+const FlagOf* flag_of(const std::string& api_name) {
+  static const FlagOf table[] = {
+      {"x", "x", true}, {"w", "w", true}, {"bias", "bias", true}, {"logits", "logits", true},
+      {"labels", "labels", true}, {"token_weights", "token-weights", true},
+      {"class_weights", "class-weights", true}, {"logit_scale", "logit-scale", false},
+      {"softcap", "softcap", false}, {"label_smoothing", "label-smoothing", false},
+      {"z_loss", "z-loss", false}, {"grad_loss", "grad-loss", true},
+      {"grad_lse", "grad-lse", true}, {"grad_entropy", "grad-entropy", true},
+      {"backend", "backend", false}, {"threads", "threads", false}, {"gemm", "gemm", false},
+      {"grad_logits_dtype", "grad-logits", false}, {"filter_eps", "filter-eps", false}};
+  for (const FlagOf& f : table)
+    if (api_name == f.api) return &f;
   return nullptr;
 }
 
@@ -37,8 +44,9 @@ void check(const std::string& error) {
 }
 
 std::string explain_api_error(const std::string& error, const Args& args) {
-  const char* flag = flag_of(error.substr(0, error.find_first_of(" :[")));
-  if (flag == nullptr) return error;
+  const FlagOf* of = flag_of(error.substr(0, error.find_first_of(" :[")));
+  if (of == nullptr) return error;
+  const char* flag = of->flag;
   if (!args.has(flag)) {  // a default, not the user's flag: say where it came from
     if (std::string(flag) != "backend") return error;
     const char* env = std::getenv("FLCE_BACKEND");
@@ -48,7 +56,7 @@ std::string explain_api_error(const std::string& error, const Args& args) {
            ": " + error;
   }
   std::string where = std::string("--") + flag;
-  if (args.get(flag).find(".npy") != std::string::npos) {
+  if (of->file) {
     where += ' ';
     where += args.get(flag);
   }

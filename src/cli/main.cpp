@@ -23,7 +23,12 @@ const char* kUsage =
     "  flce <command> --help\n\n"
     "The environment variable FLCE_BACKEND forces a backend by name.\n";
 
-int list_backends_command(int argc) {
+int list_backends_command(int argc, char** argv) {
+  if (argc == 3 && (std::strcmp(argv[2], "--help") == 0 || std::strcmp(argv[2], "-h") == 0)) {
+    std::puts("usage: flce backends\n\nLists the backends in the order they are tried, each\n"
+              "with what it is or why it declines on this machine.");
+    return 0;
+  }
   if (argc > 2) {
     std::fprintf(stderr, "flce backends: error: takes no arguments\n");
     return 2;
@@ -50,7 +55,7 @@ int dispatch(int argc, char** argv) {
   if (command == "run") return flce::cli::run_command(argc, argv, 2);
   if (command == "eval") return flce::cli::eval_command(argc, argv, 2);
   if (command == "bench") return flce::cli::bench_command(argc, argv, 2);
-  if (command == "backends") return list_backends_command(argc);
+  if (command == "backends") return list_backends_command(argc, argv);
   std::fprintf(stderr, "flce: error: unknown command '%s' (see flce --help)\n", command.c_str());
   return 2;
 }

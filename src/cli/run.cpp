@@ -92,6 +92,8 @@ void check_flag_combinations(const Args& args) {
   for (const char* g : {"grad-loss", "grad-lse", "grad-entropy"})
     if (args.has(g) && !args.has("grad"))
       throw Failure{std::string("--") + g + ": a cotangent needs --grad"};
+  if (args.has("filter-eps") && !args.has("grad"))
+    throw Failure{"--filter-eps: filters gradients, so needs --grad"};
 }
 
 // Reads the inputs and fills the problem's input fields.
@@ -170,8 +172,10 @@ constexpr const char* kOutputFiles[] = {
 // is free or a regular file, then renames them all into place; on any
 // failure before the renames it removes what it wrote. Outputs of an earlier
 // run that this run does not write (grad_*.npy after a run without --grad)
-// are removed, so DIR always holds one run's outputs.
-void write_outputs(const RunState& s, const std::string& dir) {
+// are removed, so DIR always holds one run's outputs, except a file that is
+// one of this run's `inputs` (`--logits DIR/grad_logits.npy`).
+void write_outputs(const RunState& s, const std::string& dir,
+                   const std::vector<std::string>& inputs) {
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -202,6 +206,7 @@ void write_outputs(const RunState& s, const std::string& dir) {
     bool ours = false;
     for (auto& entry : s.outputs) ours |= entry.first == file;
     const fs::path stale = fs::path(dir) / file;
+    for (const std::string& input : inputs) ours |= fs::equivalent(stale, input, ec);
     if (!ours && fs::is_regular_file(stale, ec)) fs::remove(stale, ec);
   }
 }
@@ -245,7 +250,12 @@ int run(const Args& args) {
   allocate_outputs(s, p, out == 0 ? Dtype::f32 : Dtype::f64, grad);
   const Status status = call_on_host_arrays(p, grad ? Pass::loss_and_grad : Pass::forward, config);
   if (!status.ok()) throw Failure{explain_api_error(status.error, args)};
-  write_outputs(s, args.get("out"));
+  std::vector<std::string> inputs;  // every .npy file flag given
+  for (const Flag& f : run_flags())
+    if (f.value != nullptr && std::string(f.value).find(".npy") != std::string::npos &&
+        args.has(f.name))
+      inputs.push_back(args.get(f.name));
+  write_outputs(s, args.get("out"), inputs);
   print_summary(s, status, p, args.get("out"));
   return 0;
 }

@@ -7,11 +7,13 @@
 // spaces and a final '\n'. The raw array data follows the header.
 #include "io/npy.h"
 
+#include <algorithm>
 #include <bit>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <string_view>
 #include <utility>
 
@@ -463,7 +465,11 @@ std::string parse_npy(const unsigned char* data, size_t size,
   const NpyType* type = nullptr;
   err = check_descr(h.descr, &type);
   if (!err.empty()) return fail(err);
-  if (h.fortran_order)
+  // Column-major bytes are row-major ones when at most one dimension is
+  // above 1 (vectors, scalars): some writers mark vectors fortran_order.
+  const auto above_1 = std::count_if(h.shape.begin(), h.shape.end(),
+                                     [](int64_t d) { return d > 1; });
+  if (h.fortran_order && above_1 > 1)
     return fail("fortran_order is True (column-major data), which is not "
                 "supported; save a C-ordered array (np.ascontiguousarray)");
   int64_t numel = 0, nbytes = 0;
@@ -523,7 +529,10 @@ std::string write_npy(const std::string& path, const NpyArray& array,
     e = errno;
   }
   if (!ok) {
-    std::remove(path.c_str());  // do not leave a truncated file behind
+    // Do not leave a truncated file behind; but a path that is not a
+    // regular file (a device, a FIFO) is not ours to remove.
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(path, ec)) std::remove(path.c_str());
     return path + ": cannot write: " + std::strerror(e != 0 ? e : EIO);
   }
   return "";

@@ -7,13 +7,16 @@
 //   1. on the preamble and header alone: a malformed file fails there with
 //      parse_npy's own message (only a well-formed header with data fails
 //      later, on the data length or the int64 size check);
-//   2. on a copy of the header with `'shape': (0,)` appended (a repeated key
-//      replaces the value, as in Python): the header is then proven
+//   2. on a copy of the header with a shape of no elements appended (a
+//      repeated key replaces the value, as in Python), as many of whose
+//      dimensions are above 1 as the file's (which decides whether a
+//      fortran_order array is also C-ordered): the header is then proven
 //      well-formed apart from its shape, and parse_npy returns its dtype;
 //   3. on the whole file only when the data is too short, where it fails
 //      before copying anything, with its own message.
-// The shape itself is read from the proven header by a plain scan of its
-// `'shape': (d0, d1, ...)` tuple. Output headers are encode_npy's header of
+// The shape itself is read by a plain scan of the header's `'shape': (d0,
+// d1, ...)` tuple, before step 2 proves the header (a header it cannot
+// prove fails with parse_npy's message of step 1). Output headers are encode_npy's header of
 // the same array with no rows, the first dimension then put in place using
 // the spaces numpy reserves for it (GROWTH_AXIS_MAX_DIGITS), and checked by
 // reading the created file back.
@@ -57,17 +60,22 @@ bool is_space(char c) {
   return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
 }
 
-// `header` (the dict text) with `'shape': (0,)` added as its last entry, in
-// a version 2 (or 3, for a utf-8 header) preamble; empty when there is no
+// `header` (the dict text) with `'shape': (min(d0, 2), ..., 0)` added as its
+// last entry (no elements; as many dimensions above 1 as `shape`), in a
+// version 2 (or 3, for a utf-8 header) preamble; empty when there is no
 // closing brace to put it in front of.
-std::vector<unsigned char> probe_without_shape(std::string_view header, int major) {
+std::vector<unsigned char> probe_without_elements(std::string_view header, int major,
+                                                  const std::vector<int64_t>& shape) {
   std::string text(header);
   const size_t close = text.rfind('}');
   if (close == std::string::npos) return {};
   size_t k = close;
   while (k > 0 && is_space(text[k - 1])) --k;
   const bool comma = k > 0 && text[k - 1] == ',';
-  text.insert(close, comma ? " 'shape': (0,), " : ", 'shape': (0,) ");
+  std::string tuple = "(";
+  for (int64_t d : shape) tuple += std::to_string(std::min<int64_t>(d, 2)) + ", ";
+  tuple += "0,)";
+  text.insert(close, (comma ? " 'shape': " : ", 'shape': ") + tuple + (comma ? ", " : " "));
   std::vector<unsigned char> bytes(kMagic, kMagic + sizeof kMagic);
   bytes.push_back(static_cast<unsigned char>(major == 3 ? 3 : 2));
   bytes.push_back(0);
@@ -138,12 +146,12 @@ std::string parse_npy_header(const unsigned char* data, size_t size, const std::
   }
   // 2. Well-formed apart from the shape? Then this gives the dtype.
   const std::string_view text(reinterpret_cast<const char*>(data + prefix), header_len);
-  const std::vector<unsigned char> probe = probe_without_shape(text, major);
+  NpyHeader h;
+  if (!scan_shape(text, &h.shape)) return header_error;
+  const std::vector<unsigned char> probe = probe_without_elements(text, major, h.shape);
   if (probe.empty() || !parse_npy(probe.data(), probe.size(), name, &array).empty())
     return header_error;
-  NpyHeader h;
   h.dtype = array.dtype;
-  if (!scan_shape(text, &h.shape)) return header_error;
   // The int64 size checks parse_npy made on this shape (header_error says
   // which one failed, if one did).
   int64_t numel = 1, nbytes = 0;
