@@ -823,42 +823,70 @@ TEST_F(CudaGpu, MalformedFusedValueIsAnErrorNamingIt) {
   EXPECT_NE(out.status.error.find("FLCE_CUDA_FUSED = 'yes'"), std::string::npos) << out.status.error;
 }
 
-TEST_F(CudaGpu, CliRunAndBenchOnTheGpu) {
-  TempDir tmp;
+// x [40, 16], W [300, 16] and labels [40] as .npy files in `tmp`: the
+// arguments that name them.
+std::string cli_problem_files(TempDir& tmp) {
   std::mt19937_64 rng(5);
   std::uniform_real_distribution<double> u(-1, 1);
   std::vector<double> x(40 * 16), w(300 * 16), y(40);
   for (double& v : x) v = u(rng);
   for (double& v : w) v = u(rng);
   for (size_t i = 0; i < y.size(); ++i) y[i] = double((i * 37) % 300);
-  const std::string args = " run --x " + write_array(tmp.file("x.npy"), Dtype::f32, {40, 16}, x) +
-                           " --w " + write_array(tmp.file("w.npy"), Dtype::f32, {300, 16}, w) +
-                           " --labels " + write_array(tmp.file("y.npy"), Dtype::i64, {40}, y) +
-                           " --softcap 5 --grad --out-dtype f64";
+  return " --x " + write_array(tmp.file("x.npy"), Dtype::f32, {40, 16}, x) +
+         " --w " + write_array(tmp.file("w.npy"), Dtype::f32, {300, 16}, w) +
+         " --labels " + write_array(tmp.file("y.npy"), Dtype::i64, {40}, y);
+}
+
+// The arrays `names` in directories a and b agree norm-wise (the CLI's
+// plumbing is under test here, not the numerics).
+void expect_same_files(const std::string& a, const std::string& b,
+                       std::initializer_list<const char*> names) {
+  for (const char* name : names) {
+    SCOPED_TRACE(name);
+    flce::io::NpyArray gpu, ref;
+    ASSERT_EQ(flce::io::read_npy(a + "/" + name, &gpu), "");
+    ASSERT_EQ(flce::io::read_npy(b + "/" + name, &ref), "");
+    const auto x = npy_values(gpu), y = npy_values(ref);
+    ASSERT_EQ(x.size(), y.size());
+    double diff = 0, norm = 0;
+    for (size_t k = 0; k < x.size(); ++k) diff += (x[k] - y[k]) * (x[k] - y[k]), norm += y[k] * y[k];
+    EXPECT_LE(std::sqrt(diff), 1e-4 * std::sqrt(norm));
+  }
+}
+
+// Runs the CLI with `args` on cuda (--out tmp/gpu) and on the reference
+// (tmp/ref); both must succeed, the first saying it ran on cuda.
+void run_on_cuda_and_reference(const std::string& args, TempDir& tmp) {
   int status = 0;
   std::string out = command_output(FLCE_CLI_PATH + args + " --backend cuda --out " + tmp.file("gpu"), &status);
   ASSERT_EQ(status, 0) << out;
   EXPECT_NE(out.find("backend: cuda"), std::string::npos) << out;
   out = command_output(FLCE_CLI_PATH + args + " --backend reference --out " + tmp.file("ref"), &status);
   ASSERT_EQ(status, 0) << out;
-  for (const char* name : {"loss.npy", "lse.npy", "entropy.npy", "grad_x.npy", "grad_w.npy"}) {
-    SCOPED_TRACE(name);
-    flce::io::NpyArray gpu, ref;
-    ASSERT_EQ(flce::io::read_npy(tmp.file("gpu/") + name, &gpu), "");
-    ASSERT_EQ(flce::io::read_npy(tmp.file("ref/") + name, &ref), "");
-    const auto a = npy_values(gpu), b = npy_values(ref);
-    ASSERT_EQ(a.size(), b.size());
-    double diff = 0, norm = 0;
-    for (size_t k = 0; k < a.size(); ++k) diff += (a[k] - b[k]) * (a[k] - b[k]), norm += b[k] * b[k];
-    EXPECT_LE(std::sqrt(diff), 1e-4 * std::sqrt(norm));
-  }
-  out = command_output(std::string(FLCE_CLI_PATH) +
+}
+
+TEST_F(CudaGpu, CliRunAndBenchOnTheGpu) {
+  TempDir tmp;
+  run_on_cuda_and_reference(" run" + cli_problem_files(tmp) + " --softcap 5 --grad --out-dtype f64", tmp);
+  expect_same_files(tmp.file("gpu"), tmp.file("ref"),
+                    {"loss.npy", "lse.npy", "entropy.npy", "grad_x.npy", "grad_w.npy"});
+  int status = 0;
+  const std::string out = command_output(std::string(FLCE_CLI_PATH) +
                            " bench --n 256 --h 64 --v 5000 --dtype bf16 --pass step --reps 3 "
                            "--grad-logits storage --backend cuda",
                        &status);
   ASSERT_EQ(status, 0) << out;
   EXPECT_NE(out.find("\"backend\": \"cuda\""), std::string::npos) << out;
   EXPECT_NE(out.find("\"gemm\": \"cublas\""), std::string::npos) << out;
+}
+
+// flce eval streams blocks of rows through the cuda backend, W on the GPU
+// once (it declined host memory before): three blocks, the last partial.
+TEST_F(CudaGpu, CliEvalOnTheGpu) {
+  TempDir tmp;
+  run_on_cuda_and_reference(
+      " eval" + cli_problem_files(tmp) + " --softcap 5 --block-rows 16 --out-dtype f64", tmp);
+  expect_same_files(tmp.file("gpu"), tmp.file("ref"), {"logprob.npy", "entropy.npy", "argmax.npy"});
 }
 
 // ---- Determinism ------------------------------------------------------------

@@ -430,6 +430,7 @@ int eval(const Args& args) {
   if (in.has_bias) p.bias = view_of(in.bias);
 
   // Runs rows [r0, r0 + b) through forward into the block buffers.
+  ForwardOnHostBlocks forward_block;
   auto compute = [&](int64_t r0, int64_t b) -> Status {
     const unsigned char* src = in.x.data() + size_t(r0 * H) * x_elt;
     const void* x_block = src;
@@ -450,7 +451,7 @@ int eval(const Args& args) {
     p.logprob = vector_view(logprob.data(), Dtype::f64, b);
     p.entropy = vector_view(entropy.data(), Dtype::f64, b);
     p.argmax = vector_view(argmax.data(), Dtype::i64, b);
-    return forward(p, config);
+    return forward_block(p, config);
   };
 
   // The first block before any file is created: every error the API can

@@ -155,6 +155,31 @@ bool wants_device(const RunConfig& config) {
   return name == "cuda";
 }
 
+namespace {
+
+// `call` on device copies of `host`'s arrays (GPU 0), the outputs copied back
+// after it. W and the bias come from `head` when it is given (already on the
+// device), else are copied with the rest.
+template <class Call>
+Status call_on_device_copies(const Problem& host, Call call, const cuda::DeviceProblem* head) {
+  Problem rest = host;
+  if (head != nullptr) rest.w = Tensor(), rest.bias = Tensor();
+  cuda::DeviceProblem device;
+  Status status;
+  status.error = device.upload(rest, 0);
+  if (!status.ok()) {
+    status.error = "backend = cuda: " + status.error;
+    return status;
+  }
+  Problem p = device.problem();
+  if (head != nullptr) p.w = head->problem().w, p.bias = head->problem().bias;
+  status = call(p);
+  if (status.ok()) status.error = device.download(rest);
+  return status;
+}
+
+}  // namespace
+
 Status call_on_host_arrays(const Problem& host, Pass pass, const RunConfig& config) {
   auto call = [&](const Problem& p) {
     switch (pass) {
@@ -167,16 +192,29 @@ Status call_on_host_arrays(const Problem& host, Pass pass, const RunConfig& conf
     return unknown;
   };
   if (!wants_device(config)) return call(host);
-  cuda::DeviceProblem device;
-  Status status;
-  status.error = device.upload(host, 0);
-  if (!status.ok()) {
-    status.error = "backend = cuda: " + status.error;
-    return status;
+  return call_on_device_copies(host, call, nullptr);
+}
+
+ForwardOnHostBlocks::ForwardOnHostBlocks() = default;
+ForwardOnHostBlocks::~ForwardOnHostBlocks() = default;
+
+Status ForwardOnHostBlocks::operator()(const Problem& host, const RunConfig& config) {
+  auto call = [&](const Problem& p) { return forward(p, config); };
+  if (!wants_device(config)) return call(host);
+  if (head_ == nullptr) {
+    Problem head;
+    head.w_layout = host.w_layout;
+    head.w = host.w, head.bias = host.bias;
+    auto copy = std::make_unique<cuda::DeviceProblem>();
+    Status status;
+    status.error = copy->upload(head, 0);
+    if (!status.ok()) {
+      status.error = "backend = cuda: " + status.error;
+      return status;
+    }
+    head_ = std::move(copy);
   }
-  status = call(device.problem());
-  if (status.ok()) status.error = device.download(host);
-  return status;
+  return call_on_device_copies(host, call, head_.get());
 }
 
 }  // namespace flce::cli

@@ -2,12 +2,17 @@
 // errors at the flag they came from, and reading .npy inputs.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "cli/args.h"
 #include "flce/flce.h"
 #include "io/npy.h"
+
+namespace flce::cuda {
+class DeviceProblem;
+}
 
 namespace flce::cli {
 
@@ -27,6 +32,20 @@ bool wants_device(const RunConfig& config);
 // Runs `pass` on a problem of host arrays. For a device backend (cuda) the
 // arrays are copied to GPU 0, and the outputs copied back, around the call.
 Status call_on_host_arrays(const Problem& host, Pass pass, const RunConfig& config);
+
+// forward() on host arrays for a series of calls that share W and the bias
+// (`flce eval`'s blocks): as call_on_host_arrays, except that on a device
+// backend W and the bias are copied to the GPU once, at the first call, and
+// kept for the later ones (whose w and bias must be the same arrays).
+class ForwardOnHostBlocks {
+ public:
+  ForwardOnHostBlocks();
+  ~ForwardOnHostBlocks();
+  Status operator()(const Problem& host, const RunConfig& config);
+
+ private:
+  std::unique_ptr<cuda::DeviceProblem> head_;
+};
 
 // --filter-eps E|auto into *out (kFilterEpsAuto for auto); leaves *out
 // unchanged when absent. Negative numbers are errors here, since -1 is the
