@@ -37,6 +37,20 @@ class HostScratch {
   void* data_ = nullptr;
 };
 
+// The backend for a valid problem and the workspace bytes it needs; "" or
+// the error, a backend's exception (a failed allocation while planning)
+// included. Nothing is written yet.
+std::string plan_call(const Problem& problem, Pass pass, const RunConfig& config,
+                      const Backend** backend, size_t* need) {
+  try {
+    if (auto e = choose_backend(problem, pass, config, backend); !e.empty()) return e;
+    *need = (*backend)->workspace_bytes(problem, pass, config);
+  } catch (const std::exception& e) {
+    return std::string("planning the call: ") + e.what();
+  }
+  return "";
+}
+
 Status run_pass(const Problem& given, Pass pass, const RunConfig& config) {
   Status status;
   Dims dims;
@@ -46,10 +60,10 @@ Status run_pass(const Problem& given, Pass pass, const RunConfig& config) {
   if (!status.ok()) return status;
   const Problem problem = with_canonical_strides(given);
   const Backend* backend = nullptr;
-  status.error = choose_backend(problem, pass, config, &backend);
+  size_t need = 0;
+  status.error = plan_call(problem, pass, config, &backend, &need);
   if (!status.ok()) return status;
   status.backend = backend->name();
-  const size_t need = backend->workspace_bytes(problem, pass, config);
   void* workspace = config.workspace;
   HostScratch owned;
   if (workspace == nullptr && need > 0 && backend->workspace_device() == Device::cpu) {
@@ -106,10 +120,8 @@ Status workspace_size(const Problem& given, Pass pass, const RunConfig& config, 
     return status;
   }
   const Backend* backend = nullptr;
-  status.error = choose_backend(problem, pass, config, &backend);
-  if (!status.ok()) return status;
-  status.backend = backend->name();
-  *bytes = backend->workspace_bytes(problem, pass, config);
+  status.error = plan_call(problem, pass, config, &backend, bytes);
+  if (status.ok()) status.backend = backend->name();
   return status;
 }
 

@@ -999,6 +999,26 @@ TEST_F(ValidationConfig, WorkspaceTooSmall) {
   EXPECT_NE(n.error.find("bytes"), std::string::npos) << n.error;
 }
 
+// A caller's scratch may start at any address: each backend aligns its
+// pieces inside the bytes workspace_size reports (the reference read doubles
+// at the caller's address, misaligned: UBSan's alignment check, in CI).
+TEST_F(ValidationConfig, WorkspaceAtAnyAddress) {
+  for (const char* backend : {"reference", "cpu"}) {
+    SCOPED_TRACE(backend);
+    RunConfig config;
+    config.backend = backend;
+    size_t need = 0;
+    ASSERT_TRUE(flce::workspace_size(train(), Pass::loss_and_grad, config, &need).ok());
+    std::vector<double> scratch(need / sizeof(double) + 2);
+    for (size_t offset : {1, 3, 8}) {
+      SCOPED_TRACE(offset);
+      config.workspace = reinterpret_cast<char*>(scratch.data()) + offset;
+      config.workspace_bytes = need;
+      accept(kTrain, train(), config);
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------
 // NaN and Inf inside the data propagate to the affected rows (as in PyTorch);
 // they never crash or hang, and the other rows stay finite.

@@ -123,12 +123,17 @@ bool stashable(const Problem& p, const Plan& plan, int64_t rows, bool no_stats) 
 void choose_grad_order(const Problem& p, Plan* plan) {
   const Dims& d = plan->d;
   const bool grads = plan->pass != Pass::forward && (p.grad_x.present() || p.grad_w.present());
-  const ForcedOrder forced = forced_order();
+  ForcedOrder forced = forced_order();
+  if (!forced.valid) forced = ForcedOrder{};  // run() refuses it (check_tuning_env); size as unset
   if (!grads || d.logits_entry || plan->filter || (forced.set && !forced.vocab)) return;
   const bool no_stats = plan->pass == Pass::backward && !p.grad_entropy.present();
   const int64_t x_bytes = int64_t(dtype_size(plan->logits_gemm)) +
                           (plan->grad_gemm != plan->logits_gemm ? int64_t(dtype_size(plan->grad_gemm)) : 0);
-  const int64_t row_bytes = d.h * (x_bytes + 4) + int64_t(sizeof(RowInfo));  // x, grad_x, row scalars
+  // Per row: x, grad_x, row scalars, and each thread's bf16 copy of a tile
+  // of G (Workspace::g16_tiles, [R, kVocabTile] a thread).
+  const bool g16 = plan->grad_gemm == Dtype::bf16 && p.grad_w.present();
+  const int64_t row_bytes = d.h * (x_bytes + 4) + int64_t(sizeof(RowInfo)) +
+                            (g16 ? plan->threads * kVocabTile * 2 : 0);
   const VocabOuterCut cut =
       forced.rows > 0 ? VocabOuterCut{std::min(forced.rows, d.n), std::min(forced.chunk_tiles, plan->tiles), 0}
                       : cut_vocab_outer(d, plan->tiles, row_bytes, score_budget_bytes());

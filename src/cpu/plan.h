@@ -18,9 +18,11 @@ namespace flce::cpu {
 // a training step needs one logits GEMM per tile; this budget bounds them.
 // The row block R is also the K of the grad_W GEMMs, whose f32 output tile
 // is read and written once per row block: small R makes them memory-bound
-// (S2, V = 128256: 2.4x three GEMMs at R = 32, 1.35x at R = 160). 48 MiB
-// keeps the whole workspace under 64 MiB. FLCE_CPU_SCORE_MIB overrides it,
-// for tuning (bench/tune_row_block.sh).
+// (S2, V = 128256: 2.4x three GEMMs at R = 32, 1.35x at R = 160). The rest
+// of the workspace grows with H, not N or V ([R, H] rows of x and grad_x, a
+// converted [512, H] W tile per thread; README "Memory").
+// FLCE_CPU_SCORE_MIB overrides the budget, for tuning
+// (bench/tune_row_block.sh).
 constexpr int64_t kScoreBudgetBytes = int64_t(48) << 20;
 constexpr int64_t kMaxRowBlock = 256;
 // With Plan::packed_scores a score takes 2 bytes, so the same budget holds

@@ -262,14 +262,14 @@ size_t aligned(size_t b) { return (b + kAlign - 1) / kAlign * kAlign; }
 }  // namespace
 
 size_t workspace_bytes(const Plan& plan, const Problem& p) {
-  size_t total = 0;
+  size_t total = kAlign;  // room to align a caller's base
   for (size_t b : sizes_of(plan, p).bytes) total += aligned(b);
   return total;
 }
 
 Workspace carve_workspace(const Plan& plan, const Problem& p, void* base) {
   const Sizes s = sizes_of(plan, p);
-  char* at = static_cast<char*>(base);
+  char* at = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(base) + kAlign - 1) / kAlign * kAlign);
   void* ptr[14];
   for (int k = 0; k < 14; ++k) {
     ptr[k] = s.bytes[k] ? at : nullptr;

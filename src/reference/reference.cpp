@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -61,8 +62,12 @@ Layout layout_of(const Problem& p, Pass pass, const RunConfig& config) {
           grads && p.grad_bias.present() ? d.v : 0};
 }
 
+// A caller's scratch may start anywhere: the first double-aligned byte
+// (workspace_bytes leaves room for it).
 Scratch carve(const Layout& l, void* workspace) {
-  double* at = static_cast<double*>(workspace);
+  const auto base = (reinterpret_cast<uintptr_t>(workspace) + alignof(double) - 1) /
+                    alignof(double) * alignof(double);
+  double* at = reinterpret_cast<double*>(base);
   auto take = [&](int64_t n) { double* p = at; at += n; return n ? p : nullptr; };
   Scratch s;
   s.scores = take(l.scores);
@@ -304,7 +309,7 @@ class ReferenceBackend final : public Backend {
     return Support::accept();
   }
   size_t workspace_bytes(const Problem& p, Pass pass, const RunConfig& config) const override {
-    return size_t(layout_of(p, pass, config).total()) * sizeof(double);
+    return size_t(layout_of(p, pass, config).total()) * sizeof(double) + alignof(double);
   }
   std::string run(const Problem& p, Pass pass, const RunConfig& config, void* workspace,
                   RunStats*) const override {
