@@ -628,6 +628,32 @@ TEST_F(CpuVocabOuter, MalformedOrderIsAnErrorNamingIt) {
   const Outputs out = run_library(head(4, 3, 10).problem(), head(4, 3, 10).storage(), Request{});
   EXPECT_FALSE(out.status.ok());
   EXPECT_NE(out.status.error.find("FLCE_CPU_GRAD_ORDER = 'vocab:0x2'"), std::string::npos) << out.status.error;
+  // The workspace query plans as if it were unset (a negative chunk wrapped
+  // the sizes around before; run() is where the value is refused).
+  const flce::Problem p = step_shapes(4096, 64, 999);
+  setenv("FLCE_CPU_GRAD_ORDER", "vocab:5x-1", 1);
+  const size_t malformed = flce::cpu::workspace_bytes(flce::cpu::make_plan(p, Pass::backward, cpu(2)), p);
+  unsetenv("FLCE_CPU_GRAD_ORDER");
+  EXPECT_EQ(malformed, flce::cpu::workspace_bytes(flce::cpu::make_plan(p, Pass::backward, cpu(2)), p));
+}
+
+// Each thread's bf16 copy of a tile of G (Workspace::g16_tiles, [R, 512]
+// a thread) shares the vocabulary-outer cut's budget with the super-block's
+// scores: with more threads R shrinks (the copies took 1 GiB of a bf16
+// backward at 128 threads).
+TEST_F(CpuVocabOuter, PerThreadCopiesOfGFitTheBudget) {
+  flce::Problem p = step_shapes(16384, 64, 999);
+  p.x.dtype = p.w.dtype = Dtype::bf16;
+  p.options.grad_logits_dtype = flce::GradLogitsDtype::storage;
+  for (int threads : {2, 8, 128}) {
+    SCOPED_TRACE(threads);
+    const flce::cpu::Plan plan = flce::cpu::make_plan(p, Pass::backward, cpu(threads));
+    ASSERT_TRUE(plan.vocab_outer);
+    if (plan.grad_gemm != Dtype::bf16) GTEST_SKIP() << "no bf16 GEMM on this machine: no copies of G";
+    const int64_t scores = plan.row_block * plan.chunk_tiles * kTile * 4;
+    const int64_t copies = int64_t(threads) * plan.row_block * kTile * 2;
+    EXPECT_LE(scores + copies, flce::cpu::kScoreBudgetBytes);
+  }
 }
 
 // grad_x's two task splits of a rows-outer step (Plan::grad_x_vocab_split),
