@@ -129,6 +129,21 @@ TEST_P(SimdKernels, OnlineSoftmaxSemantics) {
   EXPECT_EQ(r.failed, 0) << r.summary();
 }
 
+TEST_P(SimdKernels, OnlineSoftmaxSameBitsAtEveryOffset) {
+  SIMD_REQUIRE_SET(ks);
+  Report r;
+  testing::check_online_softmax_offsets(*ks, r);
+  EXPECT_EQ(r.failed, 0) << r.summary();
+}
+
+// A read past an array's end or before its start faults here (guard pages).
+TEST_P(SimdKernels, NoAccessOutsideTheArrays) {
+  SIMD_REQUIRE_SET(ks);
+  Report r;
+  testing::check_reads_stay_inside(*ks, r);
+  EXPECT_EQ(r.failed, 0) << r.summary();
+}
+
 TEST_P(SimdKernels, DlogitsMatchesScalar) {
   SIMD_REQUIRE_SET(ks);
   Report r;

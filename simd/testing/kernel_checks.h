@@ -31,6 +31,9 @@
 // an infinite reference must match exactly.
 #pragma once
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdarg>
 #include <cstdint>
@@ -160,6 +163,38 @@ class Guarded {
   int64_t n_;
   std::vector<float> store_;
   size_t begin_ = 0;
+};
+
+// Memory between two inaccessible pages: an array placed flush against
+// either of them faults at the first element read or written beyond it, so
+// the process dies where the NaN guards of Guarded would only catch writes.
+class PageGuarded {
+ public:
+  explicit PageGuarded(size_t bytes) {
+    page_ = size_t(sysconf(_SC_PAGESIZE));
+    span_ = (bytes + page_ - 1) / page_ * page_;
+    void* m = mmap(nullptr, span_ + 2 * page_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                   -1, 0);
+    if (m == MAP_FAILED) std::abort();
+    base_ = static_cast<char*>(m);
+    if (mprotect(base_, page_, PROT_NONE) != 0 ||
+        mprotect(base_ + page_ + span_, page_, PROT_NONE) != 0)
+      std::abort();
+  }
+  PageGuarded(const PageGuarded&) = delete;
+  PageGuarded& operator=(const PageGuarded&) = delete;
+  ~PageGuarded() { munmap(base_, span_ + 2 * page_); }
+  // n elements right after the leading guard page, or right before the
+  // trailing one.
+  template <class T>
+  T* place(int64_t n, bool at_end) {
+    return at_end ? reinterpret_cast<T*>(base_ + page_ + span_) - n
+                  : reinterpret_cast<T*>(base_ + page_);
+  }
+
+ private:
+  size_t page_ = 0, span_ = 0;
+  char* base_ = nullptr;
 };
 
 // Every length 1 .. 4W+1 (every tail a W-wide loop can leave, after zero to
@@ -668,6 +703,73 @@ inline void check_online_softmax(const KernelSet& ks, const KernelSet& ref, Repo
             exact("sum_cs", sk.sum_cs, old_scs, xscs, scs, kU, 0.0);
           }
         }
+}
+
+// Every kernel that walks an array (exp, scores, online_softmax, dlogits,
+// pack and unpack) on arrays that end against an inaccessible page, and on
+// arrays that start right after one: a read or write past either end (an
+// unmasked tail load, say) kills the process instead of passing.
+inline void check_reads_stay_inside(const KernelSet& ks, Report& r) {
+  Rng rng(11);
+  for (int64_t n : test_lengths(ks.width))
+    for (bool at_end : {true, false}) {
+      const auto s = make_values(Pattern::specials, n, rng);
+      const auto c = make_class_weights(s, rng);
+      PageGuarded sg(size_t(n) * 4), cg(size_t(n) * 4), og(size_t(n) * 4), dg(size_t(n) * 2);
+      float* sv = sg.place<float>(n, at_end);
+      float* cv = cg.place<float>(n, at_end);
+      float* out = og.place<float>(n, at_end);
+      uint16_t* codes = dg.place<uint16_t>(n, at_end);
+      std::memcpy(sv, s.data(), size_t(n) * 4);
+      std::memcpy(cv, c.data(), size_t(n) * 4);
+      ks.exp(sv, out, n);
+      std::memcpy(out, s.data(), size_t(n) * 4);
+      ks.scores(out, cv, n, 1.25f, 7.0f);
+      SoftmaxState st;
+      softmax_state_init(&st);
+      ks.online_softmax(sv, cv, n, 0, kSoftmaxAll, &st);
+      const DlogitsParams q{2.0f, 0.5f, -0.01f, 0.2f, 0.1f, 1.25f, 7.0f};
+      ks.dlogits(sv, cv, n, &q, out);
+      if (ks.pack_scores != nullptr) {
+        ks.pack_scores(sv, n, 3.0f, codes);
+        ks.unpack_scores(codes, n, 3.0f, out);
+      }
+      r.expect(std::memcmp(sv, s.data(), size_t(n) * 4) == 0 &&
+                   std::memcmp(cv, c.data(), size_t(n) * 4) == 0,
+               format("%s n=%lld %s: inputs modified", ks.isa, (long long)n,
+                      at_end ? "against the end" : "after the start"));
+    }
+}
+
+// online_softmax folds the same values into the same bits wherever they lie
+// (every offset from a 64-byte boundary): a kernel that peeled its loop to
+// an aligned address would sum in an order that depends on the address.
+inline void check_online_softmax_offsets(const KernelSet& ks, Report& r) {
+  Rng rng(12);
+  for (int64_t n : test_lengths(ks.width))
+    for (Pattern p : {Pattern::normal, Pattern::huge, Pattern::specials}) {
+      const auto s = make_values(p, n, rng);
+      const auto c = make_class_weights(s, rng);
+      SoftmaxState first{};
+      for (int off : test_offsets(ks.width)) {
+        Guarded sv(n, off), cv(n, off);
+        sv.assign(s);
+        cv.assign(c);
+        SoftmaxState st;
+        softmax_state_init(&st);
+        ks.online_softmax(sv.data(), cv.data(), n, 0, kSoftmaxAll, &st);
+        if (off == 0) first = st;
+        const bool same = bits(st.max) == bits(first.max) &&
+                          bits(st.sum_exp) == bits(first.sum_exp) &&
+                          bits(st.sum_exp_s) == bits(first.sum_exp_s) &&
+                          bits(st.sum_cs) == bits(first.sum_cs) && st.argmax == first.argmax &&
+                          st.first_nan == first.first_nan;
+        r.expect(same, format("%s online_softmax n=%lld %s: offset %d folds to other bits than "
+                              "offset 0 (sum_exp %a against %a)",
+                              ks.isa, (long long)n, pattern_name(p), off, st.sum_exp,
+                              first.sum_exp));
+      }
+    }
 }
 
 // Leaving SoftmaxExtras out (kernels.h): the max, sum_exp and first_nan keep

@@ -49,6 +49,10 @@ int main() {
     run("neon online_softmax extras",
         [&](t::Report& r) { t::check_online_softmax_extras(*neon, r); });
     run("neon dlogits vs scalar", [&](t::Report& r) { t::check_dlogits(*neon, scalar, r); });
+    run("neon online_softmax offsets",
+        [&](t::Report& r) { t::check_online_softmax_offsets(*neon, r); });
+    run("neon no access outside the arrays",
+        [&](t::Report& r) { t::check_reads_stay_inside(*neon, r); });
   }
   run("scalar exp accuracy", [&](t::Report& r) { t::check_exp_accuracy(scalar, t::kRefExpUlp, r); });
   run("scalar tanh accuracy",
