@@ -1,4 +1,4 @@
-// The tolerance policy's bounds on two fixed problems, kept in
+// The tolerance policy's bounds on three fixed problems, kept in
 // tests/policy_golden.txt, which the Python port (flce.testing's _bounds.py,
 // tests/python/test_package_testing.py) must reproduce to rounding.
 //
@@ -74,18 +74,42 @@ DenseProblem logits_problem(Precision* pr) {
   return d;
 }
 
+// Problem 2: a head with a bias and without softcap, with label smoothing (G' = G - u c^T)
+// and class weights, bf16 storage, dlogits cast to bf16 (cast_underflow's
+// bf16 branch), and gradient filtering with a large eps, so that some of
+// its entries fall within the filter's allowance (_golden_problems()[2]).
+DenseProblem filtered_problem(Precision* pr) {
+  DenseProblem d;
+  d.n = 4, d.h = 3, d.v = 6;
+  for (int64_t i = 0; i < d.n; ++i)
+    for (int64_t k = 0; k < d.h; ++k) d.x.push_back(2.0 * std::sin(0.8 * double(i) - 1.1 * double(k)));
+  for (int64_t j = 0; j < d.v; ++j)
+    for (int64_t k = 0; k < d.h; ++k) d.w.push_back(std::cos(1.7 * double(j) + 0.5 * double(k)));
+  for (int64_t j = 0; j < d.v; ++j) d.bias.push_back(0.2 * double(j % 3) - 0.1);
+  d.labels = {0, 3, 5, 1};
+  d.class_weights = {1.0, 2.0, 0.5, 1.0, 1.5, 0.75};
+  d.grad_lse = {0.0, 0.25, 0.0, -0.5};
+  d.options.label_smoothing = 0.1, d.options.z_loss = 0.02;
+  d.options.reduction = flce::Reduction::sum;
+  pr->u_accum = 0x1p-24, pr->u_store = 0x1p-8, pr->u_grad = 0x1p-8, pr->u_out = 0x1p-24;
+  pr->filter_eps = 0x1p-4;
+  return d;
+}
+
 using Golden = std::map<std::string, std::vector<double>>;  // "problem output" -> bounds
 
 Golden computed() {
   Golden g;
-  for (int which : {0, 1}) {
+  for (int which : {0, 1, 2}) {
     Precision pr;
-    const DenseProblem d = which == 0 ? head_problem(&pr) : logits_problem(&pr);
+    const DenseProblem d = which == 0   ? head_problem(&pr)
+                           : which == 1 ? logits_problem(&pr)
+                                        : filtered_problem(&pr);
     const Bounds b = error_bounds(d, brute_force(d), pr);
     const std::string p = std::to_string(which) + " ";
     g[p + "lse"] = b.lse, g[p + "logprob"] = b.logprob, g[p + "entropy"] = b.entropy;
     g[p + "zloss"] = b.zloss, g[p + "loss"] = b.loss;
-    if (which == 0) {
+    if (which != 1) {
       g[p + "grad_x"] = b.grad_x, g[p + "grad_w"] = b.grad_w, g[p + "grad_bias"] = b.grad_bias;
     } else {
       g[p + "grad_logits"] = b.grad_logits;
@@ -110,7 +134,7 @@ Golden read_golden(const std::string& path) {
 
 void write_golden(const std::string& path, const Golden& g) {
   std::ofstream out(path);
-  out << "# Tolerance-policy bounds of two fixed problems (tests/test_policy_golden.cpp\n"
+  out << "# Tolerance-policy bounds of three fixed problems (tests/test_policy_golden.cpp\n"
          "# writes them; tests/python/test_package_testing.py checks the Python port).\n";
   char buf[40];
   for (const auto& [key, values] : g) {

@@ -13,7 +13,8 @@ bound of tests/python/test_cpu_vs_torch.py (2e-4 for float32) applies.
 
 import pytest
 
-from test_package_reference import as_numpy, import_flce, norm_close, np, reference, torch
+from test_package_reference import (as_numpy, import_flce, norm_close, np, peaky_bf16_head,
+                                    reference, torch)
 
 flce = import_flce()
 testing = flce.testing
@@ -358,17 +359,11 @@ def test_read_only_output_and_pass_specific_errors():
 
 
 def test_gradient_filtering_reports_skipped_blocks_and_stays_close():
-    # A peaky head (as flce bench --data peaky): x_0 = 1 and W_j0 = -2 ln(j+1)
-    # put most probability on the first classes, so bf16's auto eps (2^-12)
-    # lets the filter skip the far vocabulary tiles. Judged against the same
-    # call unfiltered, norm-wise, with the package's bf16 tolerance.
-    rng = np.random.default_rng(3)
-    n, h, v = 64, 16, 4096
-    x = np.concatenate([np.ones((n, 1)), rng.standard_normal((n, h - 1))], axis=1)
-    w = np.concatenate([-2 * np.log(np.arange(1, v + 1))[:, None],
-                        rng.standard_normal((v, h - 1)) / np.sqrt(h - 1)], axis=1)
-    xt, wt = torch.tensor(x, dtype=torch.bfloat16), torch.tensor(w, dtype=torch.bfloat16)
-    y = np.minimum(rng.zipf(2.0, n) - 1, v - 1)
+    # A peaky head, whose far vocabulary tiles the filter skips at bf16's auto
+    # eps. Judged against the same call unfiltered, norm-wise, with the
+    # package's bf16 tolerance.
+    xt, wt, y = peaky_bf16_head()
+    v = wt.shape[0]
     plain = flce.loss_and_grad(xt, wt, y, grad_logits_dtype="storage", grad_dtype="float32")
     kept = flce.loss_and_grad(xt, wt, y, grad_logits_dtype="storage", grad_dtype="float32",
                               filter_eps="auto")

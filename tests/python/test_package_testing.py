@@ -3,7 +3,7 @@ reports, and the adversarial input generators.
 
 tests/policy_golden.txt holds bounds computed by the C++ policy itself
 (tests/support/tolerance.cpp's error_bounds on its brute force, written by
-tests/test_policy_golden.cpp) for the two problems of _golden_problems(); the
+tests/test_policy_golden.cpp) for the three problems of _golden_problems(); the
 Python port must reproduce them to rounding.
 """
 
@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from test_package_reference import import_flce, np, torch
+from test_package_reference import import_flce, np, peaky_bf16_head, torch
 
 flce = import_flce()
 ft = flce.testing
@@ -36,7 +36,14 @@ def _golden_problems():
                   grad_entropy=np.array([0.1, 0.2, -0.3, 0.4]), ignore_index=-1,
                   reduction="none", label_smoothing=0.2, accumulate="float32",
                   grad_cast="float16", out_dtype="float64")
-    return head, logits
+    i, k, j = np.arange(4)[:, None], np.arange(3)[None, :], np.arange(6)[:, None]
+    filtered = dict(x=2.0 * np.sin(0.8 * i - 1.1 * k), w=np.cos(1.7 * j + 0.5 * k),
+                    bias=0.2 * (np.arange(6) % 3) - 0.1, labels=np.array([0, 3, 5, 1]),
+                    class_weights=np.array([1.0, 2.0, 0.5, 1.0, 1.5, 0.75]),
+                    grad_lse=np.array([0.0, 0.25, 0.0, -0.5]), label_smoothing=0.1,
+                    z_loss=0.02, reduction="sum", accumulate="float32", storage="bfloat16",
+                    grad_cast="bfloat16", filter_eps=2.0**-4, out_dtype="float32")
+    return head, logits, filtered
 
 
 def _golden(index):
@@ -53,7 +60,7 @@ def _golden(index):
     return golden
 
 
-@pytest.mark.parametrize("index", [0, 1])
+@pytest.mark.parametrize("index", [0, 1, 2])
 @pytest.mark.parametrize("chunk", [1, 7, None])
 def test_bounds_reproduce_the_cpp_policy(index, chunk):
     problem = _golden_problems()[index]
@@ -176,3 +183,23 @@ def test_generators():
 def test_cpu_backend_passes_every_adversarial_case(name):
     inp = ft.adversarial_inputs(name, n=48, h=16)
     ft.assert_close(flce.loss_and_grad(**inp, outputs="all"), **inp)
+
+
+def test_filtered_gradients_pass_with_the_filter_allowance_only():
+    # A peaky head, whose far tiles the cpu backend's filter skips at bf16's
+    # auto eps: elementwise within
+    # the policy once filter_eps says so, and outside it otherwise.
+    xt, wt, y = peaky_bf16_head()
+    kept = flce.loss_and_grad(xt, wt, y, grad_logits_dtype="storage", grad_dtype="float32",
+                              filter_eps="auto", backend="cpu")
+    assert kept.stats["grad_blocks_skipped"] > 0
+    grads = {"grad_x": kept.grad_x, "grad_w": kept.grad_w}
+    # The cpu backend's bf16 step with storage dlogits: G cast to bf16, the
+    # scores kept as f16 differences (where its kernel set packs them).
+    how = dict(x=xt, w=wt, labels=y, grad_cast="bfloat16", packed_scores="float16")
+    report = ft.assert_close(grads, **how, filter_eps="auto")
+    assert max(report.values()) <= 1
+    with pytest.raises(AssertionError, match="grad_w"):
+        ft.assert_close(grads, **how)
+    with pytest.raises(ValueError, match="filter_eps"):
+        ft.assert_close(grads, **how, filter_eps="often")

@@ -100,13 +100,16 @@ class Problem:
 
 
 class Precision:
-    """u_a, u_s, u_g, u_l, u_q of tolerance.h, and u_o per output name."""
+    """u_a, u_s, u_g, u_l, u_q of tolerance.h, u_o per output name, and the
+    gradient filter's eps, resolved (0: off)."""
 
-    def __init__(self, u_accum, u_store, u_grad=0.0, u_saved_lse=0.0, u_out=None, u_packed=0.0):
+    def __init__(self, u_accum, u_store, u_grad=0.0, u_saved_lse=0.0, u_out=None, u_packed=0.0,
+                 filter_eps=0.0):
         self.u_accum, self.u_store = u_accum, u_store
         self.u_grad, self.u_saved_lse = u_grad, u_saved_lse
         self.u_packed = u_packed
         self.u_out = dict(u_out or {})
+        self.filter_eps = filter_eps
 
 
 def _packed_score_errors(s, uq, ua):
@@ -225,7 +228,7 @@ def block_bounds(d, pr, rows, want_grads):
     loss_rows = np.where(ignored, 0.0, t * (ce + zl))
     out["dloss"] = np.where(ignored, 0.0, t * (dce + dzl) + 2.0 * ua * t * (np.abs(ce) + np.abs(zl)))
     out["loss_rows_exact"] = loss_rows
-    out["ds"], out["s"], out["argmax"] = ds, s, ex["argmax"]
+    out["ds"], out["s"], out["argmax"], out["lse_exact"] = ds, s, ex["argmax"], lse
     out["floor_a"] = floor_a
     if not want_grads:
         return out
@@ -284,6 +287,30 @@ def reduction_bound(d, pr, sum_dloss, sum_abs_loss, total, u_out):
         return ((sum_dloss + gn * sum_abs_loss) / d.denominator
                 + gamma(d.n + 1.0, ua) * abs(total) + u_out * abs(total) + floor)
     return 0.0
+
+
+def filter_allowance(d, pr, rows, blk, eps):
+    """Section 7's gradient filtering (tolerance.cpp's filter_allowance):
+    per entry of the rows `rows`, |G'_ij| where the filter may leave it out
+    of the GEMMs, |G'_ij| <= eps (kappa_i + dkappa_i) + dG'_ij, else 0.
+    G' = G - u c^T removes label smoothing's uniform term; with a softcap
+    and label smoothing together the filter is off (all 0)."""
+    G = blk["G"]
+    if d.k > 0 and d.e > 0:
+        return np.zeros_like(G)
+    ua, e, a, v = pr.u_accum, d.e, d.a, d.v
+    ignored = d.ignored[rows]
+    g = np.where(ignored, 0.0, d.loss_coef[rows] * d.t[rows])
+    cy = np.where(ignored, 0.0, d.c[np.where(ignored, 0, d.labels[rows])])
+    g_lse = 0.0 if d.grad_lse is None else d.grad_lse[rows]
+    g_ent = 0.0 if d.grad_entropy is None else d.grad_entropy[rows]
+    coef_p = g * ((1 - e) * cy + e / v * float(d.c.sum()) + 2 * d.l * blk["lse_exact"]) + g_lse
+    kappa = a * (np.abs(coef_p) + np.abs(g_ent))
+    dkappa = a * np.abs(g) * 2 * d.l * blk["lse"] + 8 * ua * kappa
+    u = -a * g * e / v
+    gp = np.abs(G - u[:, None] * d.c[None, :])
+    threshold = eps * (kappa + dkappa)[:, None] + cast_error(pr, G, blk["dG"])
+    return np.where(gp <= threshold, gp, 0.0)
 
 
 def gradient_parts(d, pr, G, dG):

@@ -99,7 +99,11 @@ _PROBLEM_DOC = """
       packed_scores  the dtype its gradient pass read the scores back in,
                   stored as differences from a running max (u_q; the cpu
                   backend's bf16 steps: "float16"; None = the scores
-                  themselves)."""
+                  themselves);
+      filter_eps  the gradient filter's eps (README, "Gradient filtering"),
+                  a number or "auto" (the storage dtype's epsilon / 32, as
+                  flce and Cut Cross-Entropy set it); grad_x and grad_w then
+                  also allow every dlogits entry the filter may skip. 0: off."""
 
 
 def bounds(x=None, w=None, labels=None, *, logits=None, bias=None, token_weights=None,
@@ -107,7 +111,7 @@ def bounds(x=None, w=None, labels=None, *, logits=None, bias=None, token_weights
            logit_scale=1.0, softcap=0.0, ignore_index=-100, label_smoothing=0.0, z_loss=0.0,
            reduction="mean", w_layout="vh", outputs=None, out_dtype="float32",
            accumulate="float32", storage=None, grad_cast=None, saved_lse=None,
-           packed_scores=None, chunk_elements=None):
+           packed_scores=None, filter_eps=0.0, chunk_elements=None):
     """(expected, bound): dicts of float64 numpy arrays, the oracle's values
     and the policy's absolute error bound of every output in `outputs`
     (default: every forward output and the gradients the problem has;
@@ -129,7 +133,7 @@ def assert_close(actual, x=None, w=None, labels=None, *, logits=None, bias=None,
                  grad_entropy=None, logit_scale=1.0, softcap=0.0, ignore_index=-100,
                  label_smoothing=0.0, z_loss=0.0, reduction="mean", w_layout="vh",
                  accumulate="float32", storage=None, grad_cast=None, saved_lse=None,
-                 packed_scores=None, chunk_elements=None, msg=None):
+                 packed_scores=None, filter_eps=0.0, chunk_elements=None, msg=None):
     """Checks a candidate's outputs against flce's oracle and the policy.
 
     actual: a dict (or flce.Result) of any of loss, lse, logprob, argmax,
@@ -205,13 +209,28 @@ def _evaluate(args, names, u_out, argmax):
     pr = _bounds.Precision(u_a, u_a if storage is None else _unit(storage, "storage"),
                            _unit(args["grad_cast"], "grad_cast"),
                            _unit(args["saved_lse"], "saved_lse"), u_out,
-                           _unit(args["packed_scores"], "packed_scores"))
+                           _unit(args["packed_scores"], "packed_scores"),
+                           _filter_eps(args["filter_eps"],
+                                       args["x"] if w is not None else args["logits"]))
     got = {k: None for k in names}
     if argmax is not None:
         got["argmax"] = argmax
     bnd, argmax_lines = _all_bounds(d, pr, got, expected, grads,
                                     args["chunk_elements"] or CHUNK_ELEMENTS)
     return expected, bnd, argmax_lines
+
+
+def _filter_eps(spec, stored):
+    """filter_eps as a number: "auto" is the epsilon (2u) of `stored`'s dtype
+    / 32, as flce resolves it (2^-12 for bf16, 2^-15 f16, 2^-28 f32)."""
+    if isinstance(spec, str):
+        if spec != "auto":
+            raise ValueError(f"filter_eps: {spec!r} is not a number or 'auto'")
+        return 2 * _unit(_arrays.dtype_of(stored) or "float64", "filter_eps") / 32
+    eps = float(spec)
+    if not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"filter_eps = {eps!r}: must be finite and >= 0 (0: off), or 'auto'")
+    return eps
 
 
 def _all_bounds(d, pr, got, expected, grads, chunk_elements):
@@ -251,12 +270,15 @@ def _all_bounds(d, pr, got, expected, grads, chunk_elements):
                 gl[rows] = _bounds.cast_error(pr, blk["G"], blk["dG"])
             if gx is not None or gw is not None or gb is not None:
                 for_x, for_w = _bounds.gradient_parts(d, pr, blk["G"], blk["dG"])
+                if gb is not None:  # grad_bias sums every entry of G', filtered or not
+                    gb += for_w.sum(axis=0)
+                if pr.filter_eps > 0:
+                    dropped = _bounds.filter_allowance(d, pr, rows, blk, pr.filter_eps)
+                    for_x, for_w = for_x + dropped, for_w + dropped
                 if gx is not None:
                     gx[rows] = for_x @ abs_w
                 if gw is not None:
                     gw += for_w.T @ np.abs(d.x[rows])
-                if gb is not None:
-                    gb += for_w.sum(axis=0)
         if argmax_bad > 3:
             argmax_lines.append(f"argmax: {argmax_bad} rows in all")
         b = {}
