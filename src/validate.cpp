@@ -4,6 +4,7 @@
 // weight values, which outputs the pass reads or writes, and aliasing.
 #include "validate.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <initializer_list>
@@ -28,9 +29,13 @@ std::string shape_str(const Tensor& t) {
   return s + "]";
 }
 
+// "f32 or f64 or bf16", each dtype once (a list may name the input's dtype,
+// which can repeat one already there).
 std::string dtype_list(std::initializer_list<Dtype> dtypes) {
   std::string s;
-  for (Dtype d : dtypes) s += (s.empty() ? "" : " or ") + std::string(dtype_name(d));
+  for (auto d = dtypes.begin(); d != dtypes.end(); ++d)
+    if (std::find(dtypes.begin(), d, *d) == d)
+      s += (s.empty() ? "" : " or ") + std::string(dtype_name(*d));
   return s;
 }
 

@@ -122,7 +122,9 @@ E parse_enum(const std::string& arg, const std::string& value,
 }
 
 double as_double(py::handle h, const std::string& what) {
-  if (!py::isinstance<py::float_>(h) && !py::isinstance<py::int_>(h))
+  // As as_int: a bool is not a number here (softcap=True is not a softcap of 1).
+  if ((!py::isinstance<py::float_>(h) && !py::isinstance<py::int_>(h)) ||
+      py::isinstance<py::bool_>(h))
     throw py::type_error(what + ": expected a number, got " +
                          std::string(py::str(py::type::handle_of(h).attr("__name__"))));
   return h.cast<double>();

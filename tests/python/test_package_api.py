@@ -205,6 +205,18 @@ def test_torch_tensors_written_in_place_follow_autograd_rules():
     with torch.no_grad():
         flce.forward(logits=leaf.detach(), labels=yt, **opts, out={"lse": lse})
     assert torch.isfinite(lse).all()
+    # ... and so is a view of one (it overwrote the leaf's data before).
+    with pytest.raises(ValueError, match=r"^logits \(inplace=True\): a view of a leaf tensor"):
+        flce.loss_and_grad(logits=leaf[:], labels=yt, **opts, inplace=True)
+    assert not leaf.detach().any()
+    # An inference tensor is written only in inference mode, as torch does.
+    with torch.inference_mode():
+        frozen = torch.zeros(N, V)
+    with pytest.raises(ValueError, match=r"^logits \(inplace=True\): an inference tensor"):
+        flce.loss_and_grad(logits=frozen, labels=yt, **opts, inplace=True)
+    with pytest.raises(ValueError, match=r"^inplace: writes grad_logits over the logits"):
+        flce.loss_and_grad(logits=torch.zeros(N, V), labels=yt, **opts, inplace=True,
+                           out={"grad_logits": torch.zeros(N, V)})
     if not hasattr(torch.autograd.graph, "increment_version"):
         pytest.skip(f"torch {torch.__version__} has no autograd.graph.increment_version "
                     "(torch 2.1 and later)")
@@ -319,6 +331,13 @@ def test_bad_inputs_raise_the_library_message(change, error, message):
     ({"filter_eps": -1.0}, ValueError, r"^filter_eps = -1.0+: must be >= 0"),
     ({"filter_eps": "often"}, TypeError, r"^filter_eps: expected a number, got str"),
     ({"filter_eps": float("nan")}, ValueError, r"^filter_eps = nan"),
+    # Each argument named, none coerced in silence.
+    ({"z_loss": True}, TypeError, r"^z_loss: expected a number, got bool"),
+    ({"threads": 1.9}, TypeError, r"^threads: expected an int, got float"),
+    ({"threads": "a"}, TypeError, r"^threads: expected an int, got str"),
+    ({"outputs": None}, TypeError, r"^outputs: expected a name or a sequence of names"),
+    ({"grads": 5}, TypeError, r"^grads: expected a name or a sequence of names, got int"),
+    ({"out": [np.zeros(N)]}, TypeError, r"^out: expected a dict of output name -> array"),
 ])
 def test_bad_options_raise(kwargs, error, message):
     x, w, y = _problem()

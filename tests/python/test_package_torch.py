@@ -222,6 +222,16 @@ def test_module_state_and_errors():
         m(x, w, torch.full((N,), 99))
     with pytest.raises(ValueError, match="cpu"):
         LinearCrossEntropyLoss(backend="cpu")(x.double(), w.double(), y)
+    # Options and weights named when wrong, not coerced by float() or reshape.
+    for kwargs, error, message in (
+            ({"label_smoothing": None}, TypeError, "^label_smoothing: expected a number"),
+            ({"ignore_index": 1.5}, TypeError, "^ignore_index: expected an int, got float"),
+            ({"softcap": True}, TypeError, "^softcap: expected a number, got bool"),
+            ({"filter_eps": "AUTO"}, ValueError, "^filter_eps: 'AUTO' is not a number or 'auto'"),
+            ({"token_weights": torch.ones(N + 1)}, ValueError,
+             r"^token_weights: shape \(%d,\) is not y's \(%d,\)" % (N + 1, N))):
+        with pytest.raises(error, match=message):
+            linear_cross_entropy(x, w, y, **kwargs)
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
@@ -247,3 +257,6 @@ def test_a_batch_of_no_rows(reduction):
         linear_cross_entropy(x, w[:, :5], torch.zeros(2, 0, dtype=torch.long))
     with pytest.raises(ValueError, match="^reduction: 'avg'"):
         linear_cross_entropy(x, w, torch.zeros(2, 0, dtype=torch.long), reduction="avg")
+    # An ignore_index beyond int32 labels: as with rows (it used to overflow).
+    empty32 = torch.zeros(2, 0, dtype=torch.int32)
+    assert linear_cross_entropy(x, w, empty32, ignore_index=2 ** 40).sum().item() == 0

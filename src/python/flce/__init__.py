@@ -111,13 +111,24 @@ def _dims(tensors, w_layout):
         return None
 
 
+def _names(value, what):
+    """A name or a sequence of names, as a tuple; anything else a TypeError
+    that names the argument."""
+    if isinstance(value, str):
+        return (value,)
+    try:
+        return tuple(value)
+    except TypeError:
+        raise TypeError(f"{what}: expected a name or a sequence of names, got "
+                        f"{type(value).__name__}") from None
+
+
 def _gradient_names(grads, logits_entry, has_bias):
     if grads is None:
         if logits_entry:
             return ["grad_logits"]
         return ["grad_x", "grad_w"] + (["grad_bias"] if has_bias else [])
-    if isinstance(grads, str):
-        grads = (grads,)
+    grads = _names(grads, "grads")
     out = []
     for g in grads:
         name = g if str(g).startswith("grad_") else f"grad_{g}"
@@ -186,8 +197,7 @@ def _call(pass_, args, measure=False):
     wanted = []
     if pass_ != "backward":
         outputs = args["outputs"]
-        if isinstance(outputs, str):
-            outputs = FORWARD_OUTPUTS if outputs == "all" else (outputs,)
+        outputs = FORWARD_OUTPUTS if outputs == "all" else _names(outputs, "outputs")
         for o in outputs:
             if o not in FORWARD_OUTPUTS:
                 raise ValueError(f"outputs: {o!r} is not one of {', '.join(FORWARD_OUTPUTS)}")
@@ -195,7 +205,10 @@ def _call(pass_, args, measure=False):
     if pass_ != "forward":
         wanted += _gradient_names(args["grads"], logits is not None, bias is not None)
 
-    given = dict(args.get("out") or {})
+    out = args.get("out")
+    if out is not None and not isinstance(out, dict):
+        raise TypeError(f"out: expected a dict of output name -> array, got {type(out).__name__}")
+    given = dict(out or {})
     for name in given:
         if name not in FORWARD_OUTPUTS + GRADIENTS:
             raise ValueError(f"out: {name!r} is not an output of flce")
@@ -204,6 +217,9 @@ def _call(pass_, args, measure=False):
         if logits is None:
             raise ValueError("inplace: only the logits-level entry (logits=...) has an "
                              "in-place gradient")
+        if "grad_logits" in given:
+            raise ValueError("inplace: writes grad_logits over the logits, so out['grad_logits'] "
+                             "cannot be given too")
         _arrays.check_writable("logits (inplace=True)", logits)
         given["grad_logits"] = logits  # the same view: written over the input
         if "grad_logits" not in wanted:
@@ -231,8 +247,11 @@ def _call(pass_, args, measure=False):
         keep.append(owner)
         results[name] = owner
 
-    config = {"backend": args["backend"], "gemm": args["gemm"],
-              "threads": int(args["threads"] or 0)}
+    threads = args["threads"]
+    if threads is not None and (isinstance(threads, bool) or
+                                not isinstance(threads, numbers.Integral)):
+        raise TypeError(f"threads: expected an int, got {type(threads).__name__}")
+    config = {"backend": args["backend"], "gemm": args["gemm"], "threads": int(threads or 0)}
     if measure:
         error, ran, nbytes = _workspace_size(pass_, tensors, options, config)
         if error:

@@ -121,11 +121,20 @@ def describe(name, obj, output=False):
 
 def check_writable(name, obj):
     """Refuses what torch refuses to write in place: with grad mode on, a
-    leaf tensor that requires grad (its .grad would no longer match it)."""
+    leaf tensor that requires grad, or a view of one (its .grad would no
+    longer match it); an inference tensor outside inference mode."""
+    if not is_torch(obj):
+        return
     torch = _torch()
-    if is_torch(obj) and obj.requires_grad and obj.is_leaf and torch.is_grad_enabled():
-        raise ValueError(f"{name}: a leaf tensor that requires grad cannot be written in "
-                         f"place (pass .detach(), or call under torch.no_grad())")
+    base = obj._base if obj._base is not None else obj
+    if obj.requires_grad and base.is_leaf and torch.is_grad_enabled():
+        what = "a leaf tensor" if base is obj else "a view of a leaf tensor"
+        raise ValueError(f"{name}: {what} that requires grad cannot be written in place "
+                         f"(pass .detach(), or call under torch.no_grad())")
+    inference = getattr(obj, "is_inference", lambda: False)()
+    if inference and not torch.is_inference_mode_enabled():
+        raise ValueError(f"{name}: an inference tensor cannot be written in place outside "
+                         f"torch.inference_mode() (pass .clone())")
 
 
 def mark_written(objs):

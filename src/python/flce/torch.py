@@ -24,6 +24,9 @@ backward (create_graph=True raises); token and class weights get no
 gradient (weights that require one raise). Works with PyTorch 1.13.
 """
 
+import math
+import numbers
+
 import torch
 from torch.autograd.function import once_differentiable
 
@@ -126,6 +129,17 @@ def _tensor(name, value):
     return value
 
 
+def _number(name, value, kind):
+    """value as kind (int or float); a TypeError naming it otherwise (bools
+    included: True is not a softcap)."""
+    integral = isinstance(value, numbers.Integral)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or (kind is int and
+                                                                          not integral):
+        raise TypeError(f"{name}: expected {'an int' if kind is int else 'a number'}, got "
+                        f"{type(value).__name__}")
+    return kind(value)
+
+
 def linear_cross_entropy(x, W, y, bias=None, *, class_weights=None, token_weights=None,
                          ignore_index=-100, label_smoothing=0.0, z_loss=0.0, softcap=0.0,
                          logit_scale=1.0, reduction="mean", w_layout="vh",
@@ -145,9 +159,12 @@ def linear_cross_entropy(x, W, y, bias=None, *, class_weights=None, token_weight
     if tuple(y.shape) != rows:
         raise ValueError(f"y: shape {tuple(y.shape)} does not match x's leading dimensions "
                          f"{rows} (x is {tuple(x.shape)})")
-    x2 = x.reshape(-1, x.shape[-1]).contiguous()
+    x2 = x.reshape(math.prod(rows), x.shape[-1]).contiguous()
     y1 = y.reshape(-1).contiguous()
-    tw = None if token_weights is None else _tensor("token_weights", token_weights).reshape(-1)
+    tw = None if token_weights is None else _tensor("token_weights", token_weights)
+    if tw is not None and tuple(tw.shape) != rows:
+        raise ValueError(f"token_weights: shape {tuple(tw.shape)} is not y's {rows}")
+    tw = None if tw is None else tw.reshape(-1)
     cw = None if class_weights is None else _tensor("class_weights", class_weights)
     for name, weights in (("token_weights", tw), ("class_weights", cw)):
         if weights is not None and weights.requires_grad:
@@ -160,18 +177,26 @@ def linear_cross_entropy(x, W, y, bias=None, *, class_weights=None, token_weight
         # [V, H] itself, without a copy (and on an H100 the fused kernels, which
         # take W as [V, H]); autograd carries its gradient back through .t().
         W, w_layout = W.t(), "vh"
-    options = dict(ignore_index=int(ignore_index), label_smoothing=float(label_smoothing),
-                   z_loss=float(z_loss), softcap=float(softcap), logit_scale=float(logit_scale),
-                   reduction=reduction, w_layout=w_layout, grad_logits_dtype=grad_logits_dtype,
-                   filter_eps=filter_eps if filter_eps == "auto" else float(filter_eps))
+    if not (isinstance(filter_eps, str) and filter_eps == "auto"):
+        if isinstance(filter_eps, str):
+            raise ValueError(f"filter_eps: {filter_eps!r} is not a number or 'auto'")
+        filter_eps = _number("filter_eps", filter_eps, float)
+    options = dict(ignore_index=_number("ignore_index", ignore_index, int),
+                   label_smoothing=_number("label_smoothing", label_smoothing, float),
+                   z_loss=_number("z_loss", z_loss, float), softcap=_number("softcap", softcap, float),
+                   logit_scale=_number("logit_scale", logit_scale, float), reduction=reduction,
+                   w_layout=w_layout, grad_logits_dtype=grad_logits_dtype, filter_eps=filter_eps)
     run = dict(backend=backend, gemm=gemm, threads=threads)
     config = _Config(options, run, bool(return_entropy))
     if x2.shape[0] == 0:
         # Shapes, dtypes and options checked as the library would for one
         # (ignored) row, then flce's semantics for no rows.
         one = dict(token_weights=None if tw is None else tw.new_ones(1), class_weights=cw)
+        ignore = options["ignore_index"]
+        fits = y1.dtype.is_floating_point or (torch.iinfo(y1.dtype).min <= ignore <=
+                                              torch.iinfo(y1.dtype).max)
         flce.workspace_size("forward", x2.new_zeros(1, x2.shape[1]), W,
-                            y1.new_full((1,), int(ignore_index)), bias=bias, **one,
+                            y1.new_full((1,), ignore if fits else 0), bias=bias, **one,
                             **options, **run)
         out = _NoRows.apply(x2, W, bias, rows if reduction == "none" else (), rows)
     else:
