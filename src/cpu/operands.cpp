@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "common/float16.h"
 #include "common/tensor_access.h"
@@ -137,6 +139,11 @@ void round_to_storage(float* values, int64_t n, Dtype storage) {
   } else if (storage == Dtype::f16) {
     for (int64_t i = 0; i < n; ++i) values[i] = f32_of_f16(f32_to_f16(values[i]));
   }
+}
+
+FLCE_VECTOR_CLONES void flush_subnormals(float* values, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    values[i] = std::fabs(values[i]) < std::numeric_limits<float>::min() ? 0.0f : values[i];
 }
 
 FLCE_VECTOR_CLONES void f32_to_bf16_bits(const float* in, int64_t n, uint16_t* out) {

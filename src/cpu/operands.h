@@ -33,6 +33,8 @@ WPiece w_piece(const Tensor& w, WeightLayout layout, int64_t j0, int64_t n, int6
 // f32 values rounded to bf16 or f16 precision and back, in place
 // (grad_logits_dtype = storage on the f32 GEMM path).
 void round_to_storage(float* values, int64_t n, Dtype storage);
+// Every |value| below f32's normal range (2^-126) set to 0, in place.
+void flush_subnormals(float* values, int64_t n);
 // f32 -> bf16 bits, nearest even.
 void f32_to_bf16_bits(const float* in, int64_t n, uint16_t* out);
 // Row r of the 2-D tensor t = src[0, n), each value rounded once to t's

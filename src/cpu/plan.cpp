@@ -261,6 +261,7 @@ Plan make_plan(const Problem& p, Pass pass, const RunConfig& config) {
   const bool only_bf16_reads_g = plan.grad_gemm == Dtype::bf16 && !plan.d.logits_entry &&
                                  !plan.filter && !p.grad_logits.present() && !p.grad_bias.present();
   plan.round_grad_logits = storage_grads && plan.storage != Dtype::f32 && !only_bf16_reads_g;
+  plan.flush_subnormal_g = grads && !plan.d.logits_entry && plan.grad_gemm == Dtype::f32;
 
   const bool moments = p.entropy.present() || p.grad_entropy.present() ||
                        p.options.label_smoothing > 0;

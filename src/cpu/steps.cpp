@@ -281,6 +281,7 @@ void row_tile_grad(const Context& c, float* s, int64_t r, int64_t j0, int64_t n)
     s[info.y - j0] -= float(o.logit_scale * dsdz * info.g_loss * (1 - e) * c_y);
   }
   if (plan.round_grad_logits) round_to_storage(s, n, plan.storage);
+  if (plan.flush_subnormal_g) flush_subnormals(s, n);
 }
 
 // Whether any |g_j| exceeds tau (NaN counts as exceeding: it must reach the

@@ -344,6 +344,9 @@ void gradient_bounds(const DenseProblem& d, const BruteForce& x, const Precision
       b->grad_logits[ij] = dg[ij] + uo * std::fabs(x.dlogits[ij]) + floor;
     return;
   }
+  // The GEMMs may read G' below the accumulation format's normal range as 0
+  // (the cpu backend flushes it there, Plan::flush_subnormal_g).
+  for (double& e : dg) e += smallest_normal(ua);
   const double gv1 = gamma(double(d.v + 1), ua), gn1 = gamma(double(d.n + 1), ua);
   // dG' plus the GEMMs' own gamma terms.
   std::vector<double> for_x(d.n * d.v), for_w(d.n * d.v);

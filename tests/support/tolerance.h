@@ -208,7 +208,10 @@
 // gradual underflow, the smallest normal for bf16, whose dot-product
 // instructions (AVX512-BF16's VDPBF16PS, AMX) read subnormals as 0. The
 // absolute term is the one that counts where G falls below the format's
-// normal range, as f16 dlogits of a mean over many rows do. A dot
+// normal range, as f16 dlogits of a mean over many rows do. The GEMMs may
+// also read any G' below the accumulation format's normal range as 0 (+
+// smallest_normal(u_a): subnormal operands slow f32 GEMMs some 20x, and the
+// cpu backend flushes them). A dot
 // product of computed factors adds gamma_n of the sum of |products|; one
 // more rounding allows the scale a to be applied after the GEMM.
 //   bound(grad_x_ik) = sum_j (dG'_ij + gamma_{V+1} |G_ij|) |W_jk| + out

@@ -65,6 +65,13 @@ def cast_error(pr, G, dG):
     return dG + pr.u_grad * np.abs(G) + cast_underflow(pr.u_grad)
 
 
+def gemm_input_error(pr, G, dG):
+    """dG' as the gradient GEMMs read G: cast_error, plus the smallest normal
+    of the accumulation format (they may read G' below it as 0; the cpu
+    backend flushes it, as subnormal operands slow its f32 GEMMs ~20x)."""
+    return cast_error(pr, G, dG) + smallest_normal(pr.u_accum)
+
+
 def pw(p, q):
     return np.where(p == 0, 0.0, p * q)
 
@@ -309,7 +316,7 @@ def filter_allowance(d, pr, rows, blk, eps):
     dkappa = a * np.abs(g) * 2 * d.l * blk["lse"] + 8 * ua * kappa
     u = -a * g * e / v
     gp = np.abs(G - u[:, None] * d.c[None, :])
-    threshold = eps * (kappa + dkappa)[:, None] + cast_error(pr, G, blk["dG"])
+    threshold = eps * (kappa + dkappa)[:, None] + gemm_input_error(pr, G, blk["dG"])
     return np.where(gp <= threshold, gp, 0.0)
 
 
@@ -317,7 +324,7 @@ def gradient_parts(d, pr, G, dG):
     """Section 7's G' terms: what multiplies |W| (for grad_x) and |x| (for
     grad_W, grad_b) in the GEMM bounds."""
     ua = pr.u_accum
-    dg = cast_error(pr, G, dG)
+    dg = gemm_input_error(pr, G, dG)
     for_x = dg + gamma(d.v + 1.0, ua) * np.abs(G)
     for_w = dg + gamma(d.n + 1.0, ua) * np.abs(G)
     return for_x, for_w
