@@ -946,6 +946,17 @@ TEST_F(ValidationConfig, NoBackendAcceptsDeviceTensors) {
   reject(kTrain, p, {"backend = reference", "declines", "CUDA"}, config);
 }
 
+// A GEMM engine asked for is not ignored: the reference backend, which has
+// none, declines (it ran as if none had been named).
+TEST_F(ValidationConfig, GemmEngineForTheReferenceIsDeclined) {
+  RunConfig config;
+  config.backend = "reference";
+  config.gemm = "eigen";
+  reject(kTrain, train(), {"backend = reference", "declines", "gemm = 'eigen'"}, config);
+  config.gemm.clear();
+  accept(kTrain, train(), config);
+}
+
 TEST_F(ValidationConfig, Threads) {
   RunConfig config;
   config.threads = -1;

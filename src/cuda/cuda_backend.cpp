@@ -242,11 +242,14 @@ class CudaBackend final : public Backend {
            ")";
   }
 
-  Support supports(const Problem& p, Pass, const RunConfig&) const override {
+  Support supports(const Problem& p, Pass, const RunConfig& config) const override {
     const Tensor& first = p.logits.present() ? p.logits : p.x;
     if (first.device != Device::cuda)
       return Support::decline("the cuda backend reads CUDA device memory; the tensors are on the "
                               "host (use cpu or reference, or move them to the GPU)");
+    if (!config.gemm.empty() && config.gemm != "cublas")
+      return Support::decline("gemm = '" + config.gemm +
+                              "': the cuda backend's GEMMs are cuBLAS ('cublas' or empty)");
     if (auto why = device_problem(first.device_index); !why.empty()) return Support::decline(why);
     if (auto why = layout_problem(p); !why.empty()) return Support::decline(why);
     if (auto why = pointer_problem(p); !why.empty()) return Support::decline(why);
@@ -261,8 +264,6 @@ class CudaBackend final : public Backend {
 
   std::string run(const Problem& p, Pass pass, const RunConfig& config, void* workspace,
                   RunStats*) const override {
-    if (!config.gemm.empty() && config.gemm != "cublas")
-      return "gemm = '" + config.gemm + "': the cuda backend's GEMMs are cuBLAS ('cublas' or empty)";
     if (auto e = cuda::check_plan_env(); !e.empty()) return e;
     if (auto e = cuda::sm90::check_fused_env(); !e.empty()) return e;
     const Tensor& first = p.logits.present() ? p.logits : p.x;

@@ -301,11 +301,14 @@ class ReferenceBackend final : public Backend {
   std::string describe() const override {
     return "float64 oracle: plain loops, exact semantics, any host dtype";
   }
-  Support supports(const Problem& p, Pass, const RunConfig&) const override {
+  Support supports(const Problem& p, Pass, const RunConfig& config) const override {
     const Tensor& first = p.logits.present() ? p.logits : p.x;
     if (first.device != Device::cpu)
       return Support::decline("the reference backend reads host memory; the tensors are on a "
                               "CUDA device (copy them to the host, or use a CUDA backend)");
+    if (!config.gemm.empty())  // asked for, so not to be ignored
+      return Support::decline("gemm = '" + config.gemm + "': the reference backend has no GEMM "
+                              "engine (its products are float64 loops)");
     return Support::accept();
   }
   size_t workspace_bytes(const Problem& p, Pass pass, const RunConfig& config) const override {
