@@ -637,6 +637,36 @@ TEST_F(CpuVocabOuter, MalformedOrderIsAnErrorNamingIt) {
   EXPECT_EQ(malformed, flce::cpu::workspace_bytes(flce::cpu::make_plan(p, Pass::backward, cpu(2)), p));
 }
 
+// G below f32's normal range reaches the f32 gradient GEMMs as 0
+// (Plan::flush_subnormal_g): with logits 0 and -100, p_1 = e^-100 (about
+// 3.7e-44) is subnormal and so is G_1 = p_1, so grad_W_1 = G_1 x_0 is 0. The
+// logits entry, whose G is its output (no GEMM), keeps the subnormal.
+TEST(CpuFlush, SubnormalDlogitsReachTheGradientGemmsAsZero) {
+  float x[1] = {1.0f}, w[2] = {0.0f, -100.0f}, z[2] = {0.0f, -100.0f};
+  int64_t y[1] = {0};
+  float loss = 0, lse[1] = {0}, gx[1] = {0}, gw[2] = {-1, -1}, gz[2] = {0, 0};
+  flce::Problem p;
+  p.x = flce::matrix_view(x, Dtype::f32, 1, 1);
+  p.w = flce::matrix_view(w, Dtype::f32, 2, 1);
+  p.labels = flce::vector_view(y, Dtype::i64, 1);
+  p.options.reduction = Reduction::sum;
+  p.loss = flce::scalar_view(&loss, Dtype::f32);
+  p.lse = flce::vector_view(lse, Dtype::f32, 1);
+  p.grad_x = flce::matrix_view(gx, Dtype::f32, 1, 1);
+  p.grad_w = flce::matrix_view(gw, Dtype::f32, 2, 1);
+  flce::Status s = flce::loss_and_grad(p, cpu(1));
+  ASSERT_TRUE(s.ok()) << s.error;
+  EXPECT_EQ(gw[1], 0.0f);
+  flce::Problem q;
+  q.logits = flce::matrix_view(z, Dtype::f32, 1, 2);
+  q.labels = p.labels, q.options = p.options, q.loss = p.loss, q.lse = p.lse;
+  q.grad_logits = flce::matrix_view(gz, Dtype::f32, 1, 2);
+  s = flce::loss_and_grad(q, cpu(1));
+  ASSERT_TRUE(s.ok()) << s.error;
+  EXPECT_GT(gz[1], 0.0f);
+  EXPECT_LT(gz[1], std::numeric_limits<float>::min());
+}
+
 // Each thread's bf16 copy of a tile of G (Workspace::g16_tiles, [R, 512]
 // a thread) shares the vocabulary-outer cut's budget with the super-block's
 // scores: with more threads R shrinks (the copies took 1 GiB of a bf16

@@ -203,3 +203,14 @@ def test_filtered_gradients_pass_with_the_filter_allowance_only():
         ft.assert_close(grads, **how)
     with pytest.raises(ValueError, match="filter_eps"):
         ft.assert_close(grads, **how, filter_eps="often")
+
+
+def test_gemm_inputs_may_read_subnormal_dlogits_as_zero():
+    # Section 7's n(u_a) (the cpu backend flushes f32 G below the normal
+    # range before its GEMMs): too small to move the golden bounds, so
+    # checked here on its own.
+    from flce import _bounds
+    pr = _bounds.Precision(2.0**-24, 2.0**-24)
+    zero = np.zeros(1)
+    assert _bounds.gemm_input_error(pr, zero, zero)[0] == 2.0**-126
+    assert _bounds.cast_error(pr, zero, zero)[0] == 0.0  # grad_logits: no GEMM
