@@ -705,9 +705,10 @@ inline void check_online_softmax(const KernelSet& ks, const KernelSet& ref, Repo
         }
 }
 
-// Every kernel that walks an array (exp, scores, online_softmax, dlogits,
-// pack and unpack) on arrays that end against an inaccessible page, and on
-// arrays that start right after one: a read or write past either end (an
+// The kernels that walk one array (exp, scores, online_softmax, dlogits,
+// pack and unpack; not gemm_tn, whose operands are matrices) on arrays that
+// end against an inaccessible page, and on arrays that start right after
+// one, with and without class weights: a read or write past either end (an
 // unmasked tail load, say) kills the process instead of passing.
 inline void check_reads_stay_inside(const KernelSet& ks, Report& r) {
   Rng rng(11);
@@ -723,13 +724,15 @@ inline void check_reads_stay_inside(const KernelSet& ks, Report& r) {
       std::memcpy(sv, s.data(), size_t(n) * 4);
       std::memcpy(cv, c.data(), size_t(n) * 4);
       ks.exp(sv, out, n);
-      std::memcpy(out, s.data(), size_t(n) * 4);
-      ks.scores(out, cv, n, 1.25f, 7.0f);
-      SoftmaxState st;
-      softmax_state_init(&st);
-      ks.online_softmax(sv, cv, n, 0, kSoftmaxAll, &st);
       const DlogitsParams q{2.0f, 0.5f, -0.01f, 0.2f, 0.1f, 1.25f, 7.0f};
-      ks.dlogits(sv, cv, n, &q, out);
+      for (const float* weights : {static_cast<const float*>(cv), static_cast<const float*>(nullptr)}) {
+        std::memcpy(out, s.data(), size_t(n) * 4);
+        ks.scores(out, weights, n, 1.25f, 7.0f);
+        SoftmaxState st;
+        softmax_state_init(&st);
+        ks.online_softmax(sv, weights, n, 0, kSoftmaxAll, &st);
+        ks.dlogits(sv, weights, n, &q, out);
+      }
       if (ks.pack_scores != nullptr) {
         ks.pack_scores(sv, n, 3.0f, codes);
         ks.unpack_scores(codes, n, 3.0f, out);
