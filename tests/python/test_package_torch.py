@@ -229,9 +229,14 @@ def test_module_state_and_errors():
             ({"softcap": True}, TypeError, "^softcap: expected a number, got bool"),
             ({"filter_eps": "AUTO"}, ValueError, "^filter_eps: 'AUTO' is not a number or 'auto'"),
             ({"token_weights": torch.ones(N + 1)}, ValueError,
-             r"^token_weights: shape \(%d,\) is not y's \(%d,\)" % (N + 1, N))):
+             r"^token_weights: shape \(%d,\) is neither y's \(%d,\)" % (N + 1, N))):
         with pytest.raises(error, match=message):
             linear_cross_entropy(x, w, y, **kwargs)
+    # A 0-d tensor is a number (it went through float() before).
+    want = linear_cross_entropy(x, w, y, label_smoothing=0.1, ignore_index=-100)
+    got = linear_cross_entropy(x, w, y, label_smoothing=torch.tensor(0.1),
+                               ignore_index=torch.tensor(-100))
+    assert torch.equal(got, want)
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])

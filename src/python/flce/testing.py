@@ -101,9 +101,10 @@ _PROBLEM_DOC = """
                   backend's bf16 steps: "float16"; None = the scores
                   themselves);
       filter_eps  the gradient filter's eps (README, "Gradient filtering"),
-                  a number or "auto" (the storage dtype's epsilon / 32, as
-                  flce and Cut Cross-Entropy set it); grad_x and grad_w then
-                  also allow every dlogits entry the filter may skip. 0: off."""
+                  a number or "auto" (the epsilon / 32 of x's dtype, or the
+                  logits', as flce and Cut Cross-Entropy set it; not of
+                  `storage`); grad_x and grad_w then also allow every dlogits
+                  entry the filter may skip. 0: off."""
 
 
 def bounds(x=None, w=None, labels=None, *, logits=None, bias=None, token_weights=None,

@@ -130,8 +130,10 @@ def _tensor(name, value):
 
 
 def _number(name, value, kind):
-    """value as kind (int or float); a TypeError naming it otherwise (bools
-    included: True is not a softcap)."""
+    """value (a number, or a 0-d tensor) as kind (int or float); a TypeError
+    naming it otherwise (bools included: True is not a softcap)."""
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and value.dtype != torch.bool:
+        value = value.item()
     integral = isinstance(value, numbers.Integral)
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or (kind is int and
                                                                           not integral):
@@ -148,7 +150,7 @@ def linear_cross_entropy(x, W, y, bias=None, *, class_weights=None, token_weight
     """The loss of F.cross_entropy(F.linear(x, W, bias), y, ...) without the
     logits. x [..., H]; W [V, H] (w_layout='vh', nn.Linear's weight) or
     [H, V] ('hv'); y [...] int64/int32; class_weights [V] (F.cross_entropy's
-    `weight`); token_weights [...] like y. Returns the loss, or a tuple
+    `weight`); token_weights [...] like y (or flattened). Returns the loss, or a tuple
     (loss, lse[, entropy]) / (loss, entropy) with return_lse/return_entropy:
     per-row lse and entropy shaped like y, differentiable (their gradients
     flow into flce's grad_lse and grad_entropy)."""
@@ -162,8 +164,9 @@ def linear_cross_entropy(x, W, y, bias=None, *, class_weights=None, token_weight
     x2 = x.reshape(math.prod(rows), x.shape[-1]).contiguous()
     y1 = y.reshape(-1).contiguous()
     tw = None if token_weights is None else _tensor("token_weights", token_weights)
-    if tw is not None and tuple(tw.shape) != rows:
-        raise ValueError(f"token_weights: shape {tuple(tw.shape)} is not y's {rows}")
+    if tw is not None and tuple(tw.shape) != rows and tuple(tw.shape) != (math.prod(rows),):
+        raise ValueError(f"token_weights: shape {tuple(tw.shape)} is neither y's {rows} nor "
+                         f"y's flattened ({math.prod(rows)},)")
     tw = None if tw is None else tw.reshape(-1)
     cw = None if class_weights is None else _tensor("class_weights", class_weights)
     for name, weights in (("token_weights", tw), ("class_weights", cw)):
