@@ -158,7 +158,7 @@ Setup read_setup(const Args& args) {
   check(args.get_choice("grad-logits", {"f32", "storage"}, &grad_logits));
   s.options.grad_logits_dtype = GradLogitsDtype(grad_logits);
   check(get_filter_eps(args, &s.options.filter_eps));
-  if (s.options.filter_eps != 0 && s.pass == 0)
+  if (args.has("filter-eps") && s.pass == 0)
     throw Failure{"--filter-eps: filters gradients, so applies to --pass bwd or step, not fwd"};
   check(args.get_choice("data", {"gaussian", "peaky"}, &s.data));
   int grad_dtype = 0;

@@ -160,17 +160,21 @@ namespace {
 // `call` on device copies of `host`'s arrays (GPU 0), the outputs copied back
 // after it. W and the bias come from `head` when it is given (already on the
 // device), else are copied with the rest.
+// Copies `host`'s present tensors to GPU 0; "" or the error, as the API
+// would say it.
+std::string upload(cuda::DeviceProblem& device, const Problem& host) {
+  const std::string e = device.upload(host, 0);
+  return e.empty() ? e : "backend = cuda: " + e;
+}
+
 template <class Call>
 Status call_on_device_copies(const Problem& host, Call call, const cuda::DeviceProblem* head) {
   Problem rest = host;
   if (head != nullptr) rest.w = Tensor(), rest.bias = Tensor();
   cuda::DeviceProblem device;
   Status status;
-  status.error = device.upload(rest, 0);
-  if (!status.ok()) {
-    status.error = "backend = cuda: " + status.error;
-    return status;
-  }
+  status.error = upload(device, rest);
+  if (!status.ok()) return status;
   Problem p = device.problem();
   if (head != nullptr) p.w = head->problem().w, p.bias = head->problem().bias;
   status = call(p);
@@ -207,12 +211,14 @@ Status ForwardOnHostBlocks::operator()(const Problem& host, const RunConfig& con
     head.w = host.w, head.bias = host.bias;
     auto copy = std::make_unique<cuda::DeviceProblem>();
     Status status;
-    status.error = copy->upload(head, 0);
-    if (!status.ok()) {
-      status.error = "backend = cuda: " + status.error;
-      return status;
-    }
+    status.error = upload(*copy, head);
+    if (!status.ok()) return status;
     head_ = std::move(copy);
+    head_w_ = host.w.data, head_bias_ = host.bias.data;
+  } else if (host.w.data != head_w_ || host.bias.data != head_bias_) {
+    Status status;  // a caller's mistake: the copies on the GPU are of other arrays
+    status.error = "ForwardOnHostBlocks: w or bias is not the array of the first call";
+    return status;
   }
   return call_on_device_copies(host, call, head_.get());
 }

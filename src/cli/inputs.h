@@ -45,6 +45,8 @@ class ForwardOnHostBlocks {
 
  private:
   std::unique_ptr<cuda::DeviceProblem> head_;
+  const void* head_w_ = nullptr;  // the host arrays head_ holds copies of
+  const void* head_bias_ = nullptr;
 };
 
 // --filter-eps E|auto into *out (kFilterEpsAuto for auto); leaves *out
