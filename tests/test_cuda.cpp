@@ -906,5 +906,34 @@ TEST_F(CudaGpu, SameBytesOnEveryRun) {
   }
 }
 
+#ifdef FLCE_HAVE_CUDA
+// A caller's stream (non-blocking, so not ordered with the legacy default
+// stream) and a caller's scratch at an odd address (the backend aligns its
+// pieces inside it) give the bytes of a default call.
+TEST_F(CudaGpu, CallersStreamAndScratchGiveTheSameBytes) {
+  unsetenv("FLCE_CUDA_TILE");
+  unsetenv("FLCE_CUDA_BLOCK");
+  const Case c = head(700, 64, 5000, 3).with_bias().softcap(3).label_smoothing(0.1)
+                     .with_grad_entropy().stored_as(Dtype::bf16);
+  Request rq;
+  rq.config = cuda();
+  const Outputs plain = run_library(c.problem(), c.storage(), rq);
+  ASSERT_TRUE(plain.status.ok()) << plain.status.error;
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  const size_t bytes = size_t(1) << 30;  // more than this plan's 480 MiB at most
+  void* scratch = nullptr;
+  ASSERT_EQ(cudaMalloc(&scratch, bytes), cudaSuccess);
+  rq.config.stream = stream;
+  rq.config.workspace = static_cast<char*>(scratch) + 1;
+  rq.config.workspace_bytes = bytes - 1;
+  const Outputs theirs = run_library(c.problem(), c.storage(), rq);
+  EXPECT_TRUE(theirs.status.ok()) << theirs.status.error;
+  expect_identical_outputs(theirs, plain);
+  cudaFree(scratch);
+  cudaStreamDestroy(stream);
+}
+#endif
+
 }  // namespace
 }  // namespace flce_test
