@@ -116,6 +116,13 @@ bool stashable(const Problem& p, const Plan& plan, int64_t rows, bool no_stats) 
   return fits && (!plan.grad_w_in_place || in_place_ok);
 }
 
+// Whether the gradient pass copies each tile's bf16 G (Workspace::g16_tiles)
+// for grad_W's product or grad_x's (Plan::grad_x_by_tile).
+bool g16_copies(const Plan& plan, const Problem& p) {
+  const bool grads = plan.pass != Pass::forward && !plan.d.logits_entry;
+  return grads && plan.grad_gemm == Dtype::bf16 && (p.grad_w.present() || plan.grad_x_by_tile);
+}
+
 // Whether a training step or backward takes the vocabulary-outer order
 // (Plan), and its cut. Rows outer stays where one block holds every row
 // (nothing to save), for the logits entry (no GEMMs) and with the gradient
@@ -131,9 +138,8 @@ void choose_grad_order(const Problem& p, Plan* plan) {
                           (plan->grad_gemm != plan->logits_gemm ? int64_t(dtype_size(plan->grad_gemm)) : 0);
   // Per row: x, grad_x, row scalars, and each thread's bf16 copy of a tile
   // of G (Workspace::g16_tiles, [R, kVocabTile] a thread).
-  const bool g16 = plan->grad_gemm == Dtype::bf16 && p.grad_w.present();
   const int64_t row_bytes = d.h * (x_bytes + 4) + int64_t(sizeof(RowInfo)) +
-                            (g16 ? plan->threads * kVocabTile * 2 : 0);
+                            (g16_copies(*plan, p) ? plan->threads * kVocabTile * 2 : 0);
   const VocabOuterCut cut =
       forced.rows > 0 ? VocabOuterCut{std::min(forced.rows, d.n), std::min(forced.chunk_tiles, plan->tiles), 0}
                       : cut_vocab_outer(d, plan->tiles, row_bytes, score_budget_bytes());
@@ -313,13 +319,6 @@ GemmArgs grad_w_tile_args(const Plan& plan, const Problem& p, int64_t rows, int6
 }
 
 namespace {
-
-// Whether the gradient pass copies each tile's bf16 G (Workspace::g16_tiles)
-// for grad_W's product or grad_x's (Plan::grad_x_by_tile).
-bool g16_copies(const Plan& plan, const Problem& p) {
-  const bool grads = plan.pass != Pass::forward && !plan.d.logits_entry;
-  return grads && plan.grad_gemm == Dtype::bf16 && (p.grad_w.present() || plan.grad_x_by_tile);
-}
 
 // Whether W's pieces go through Workspace::w_scratch: where its dtype is not
 // a GEMM's or its rows are strided (w_piece); otherwise the GEMMs read W in
