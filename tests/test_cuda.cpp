@@ -328,9 +328,11 @@ TEST_F(CudaGpu, BadLabelOnTheDeviceIsAnError) {
 // ---- Stashed scores (cuda/plan.h) ---------------------------------------------
 
 #ifdef FLCE_HAVE_CUDA
-// Shapes only: planning reads no tensor data.
+// Shapes only: planning reads no tensor data. The pointer is aligned as
+// cudaMalloc's are, since the fused kernel's TMA takes only 16-byte aligned
+// rows (a plan of make_plan(p, pass) on an H100 depends on it).
 flce::Problem step_shapes(int64_t n, int64_t h, int64_t v, Dtype grads = Dtype::bf16) {
-  static const float none = 0;
+  alignas(256) static const float none[1] = {0};
   flce::Problem p;
   p.x = flce::matrix_view(&none, Dtype::bf16, n, h);
   p.w = flce::matrix_view(&none, Dtype::bf16, v, h);
@@ -347,8 +349,9 @@ TEST(CudaPlan, StashesWholeBlocksThatFitInGradWOnlyForBf16Dlogits) {
   unsetenv("FLCE_CUDA_TILE");
   unsetenv("FLCE_CUDA_BLOCK");
   unsetenv("FLCE_CUDA_STASH");
+  // The cuBLAS path's plan, wherever this runs (an H100 would fuse).
   const auto plan = [](const flce::Problem& p, Pass pass = Pass::loss_and_grad) {
-    return flce::cuda::make_plan(p, pass);
+    return flce::cuda::make_plan(p, pass, flce::cuda::PlanTarget{});
   };
   // Gemma-2 and Llama-3 heads: blocks of 8192 x 12288 (192 MiB of G or of
   // codes) in tiles of 4096 (no GPU: cuBLAS's tiles). Block 0's codes are
