@@ -15,6 +15,7 @@
 #include <string>
 #include <tuple>
 
+#include "cuda/device_guard.h"
 #include "cuda/gemm.h"
 #include "cuda/kernels.h"
 #include "cuda/passes.h"
@@ -111,32 +112,6 @@ std::string layout_problem(const Problem& p) {
   }
   return "";
 }
-
-// Makes a call's device current and gives the caller's back afterwards.
-class DeviceGuard {
- public:
-  // "" once `device` is current, else why it cannot be.
-  std::string enter(int device) {
-    if (cudaError_t e = cudaGetDevice(&previous_); e != cudaSuccess) {
-      cudaGetLastError();
-      return cuda_error("cuda backend: reading the current device", e);
-    }
-    if (previous_ == device) return "";
-    if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
-      cudaGetLastError();
-      return cuda_error(("cuda backend: making device " + std::to_string(device) + " current").c_str(), e);
-    }
-    restore_ = true;
-    return "";
-  }
-  ~DeviceGuard() {
-    if (restore_) cudaSetDevice(previous_);
-  }
-
- private:
-  int previous_ = 0;
-  bool restore_ = false;
-};
 
 cuda::LossArgs loss_args(const Problem& p, const cuda::Plan& plan, const cuda::Workspace& ws) {
   const Options& o = p.options;
@@ -267,8 +242,8 @@ class CudaBackend final : public Backend {
     if (auto e = cuda::check_plan_env(); !e.empty()) return e;
     if (auto e = cuda::sm90::check_fused_env(); !e.empty()) return e;
     const Tensor& first = p.logits.present() ? p.logits : p.x;
-    DeviceGuard guard;
-    if (auto e = guard.enter(first.device_index); !e.empty()) return e;
+    cuda::DeviceGuard guard;
+    if (auto e = guard.enter(first.device_index); !e.empty()) return "cuda backend: " + e;
     if (auto e = cuda::ready_gemm_handle(); !e.empty()) return e;
     cudaStream_t stream = static_cast<cudaStream_t>(config.stream);
     void* owned = nullptr;

@@ -9,6 +9,7 @@
 #ifdef FLCE_HAVE_CUDA
 #include <cuda_runtime.h>
 
+#include "cuda/device_guard.h"
 #include "cuda/gemm.h"
 #endif
 
@@ -68,13 +69,15 @@ std::string time_logits_gemm(const Problem& p, int reps, double* seconds) {
 }
 
 DeviceProblem::~DeviceProblem() {
+  DeviceGuard guard;
+  guard.enter(device_index_);
   for (const Copy& c : copies_) cudaFree(c.device);
 }
 
 std::string DeviceProblem::upload(const Problem& host, int device) {
   device_index_ = device;
-  if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess)
-    return "cannot use CUDA device " + std::to_string(device) + ": " + cudaGetErrorString(e);
+  DeviceGuard guard;
+  if (auto e = guard.enter(device); !e.empty()) return "cannot use CUDA device: " + e;
   device_ = host;
   // One copy per host pointer, as long as the longest tensor that starts
   // there: aliases share it (logits and grad_logits in place; two inputs
@@ -112,6 +115,8 @@ std::string DeviceProblem::upload(const Problem& host, int device) {
 }
 
 std::string DeviceProblem::download(const Problem& host) const {
+  DeviceGuard guard;
+  if (auto e = guard.enter(device_index_); !e.empty()) return "cannot use CUDA device: " + e;
   if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess)
     return std::string("cuda: ") + cudaGetErrorString(e);
   for (auto named : tensors_of(host)) {

@@ -33,12 +33,14 @@ class DeviceProblem {
 
   // Copies every present tensor of `host` (outputs too, so that one left
   // unwritten keeps its host value) to cuda:`device`; tensors that share
-  // memory on the host (in-place grad_logits) share it there. "" or the error.
+  // memory on the host (in-place grad_logits) share it there. "" or the
+  // error. The caller's current device stays current (here, in download()
+  // and in the destructor).
   std::string upload(const Problem& host, int device);
   // The problem whose views point at the device copies.
   const Problem& problem() const { return device_; }
   // Copies the outputs and gradients back into `host`'s arrays; waits for
-  // the device first. "" or the error.
+  // the copies' device first. "" or the error.
   std::string download(const Problem& host) const;
   // Device bytes the copies hold.
   size_t bytes() const;
