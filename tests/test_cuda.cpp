@@ -13,6 +13,7 @@
 #include <random>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "common/float16.h"
 #include "cuda/device_copy.h"
@@ -894,13 +895,19 @@ TEST_F(CudaGpu, CliEvalOnTheGpu) {
 
 // ---- Determinism ------------------------------------------------------------
 
+// A bf16 head on the fused path (on an H100) with most options, an f32 [H, V]
+// head through cuBLAS, and the logits entry: run at the default tiles.
+std::vector<Case> determinism_cases() {
+  return {head(3000, 64, 5000, 5).with_bias().with_token_weights().softcap(3)
+              .label_smoothing(0.1).with_grad_entropy().stored_as(Dtype::bf16),
+          head(700, 96, 2100).layout(WeightLayout::hv).reduction(Reduction::sum),
+          logits(300, 4099).reduction(Reduction::none).with_grad_loss()};
+}
+
 TEST_F(CudaGpu, SameBytesOnEveryRun) {
   unsetenv("FLCE_CUDA_TILE");
   unsetenv("FLCE_CUDA_BLOCK");
-  for (const Case& c : {head(3000, 64, 5000, 5).with_bias().with_token_weights().softcap(3)
-                            .label_smoothing(0.1).with_grad_entropy().stored_as(Dtype::bf16),
-                        head(700, 96, 2100).layout(WeightLayout::hv).reduction(Reduction::sum),
-                        logits(300, 4099).reduction(Reduction::none).with_grad_loss()}) {
+  for (const Case& c : determinism_cases()) {
     Request rq;
     rq.config = cuda();
     const Outputs first = run_library(c.problem(), c.storage(), rq);
@@ -933,6 +940,108 @@ TEST_F(CudaGpu, CallersStreamAndScratchGiveTheSameBytes) {
   const Outputs theirs = run_library(c.problem(), c.storage(), rq);
   EXPECT_TRUE(theirs.status.ok()) << theirs.status.error;
   expect_identical_outputs(theirs, plain);
+  cudaFree(scratch);
+  cudaStreamDestroy(stream);
+}
+// A caller's scratch in host memory is declined, naming it (the kernels
+// would fault on it, or read it slowly over the bus where they can).
+TEST_F(CudaGpu, ScratchInHostMemoryIsDeclined) {
+  const Case c = head(50, 16, 300);
+  std::vector<char> scratch(size_t(64) << 20);
+  Request rq;
+  rq.config = cuda();
+  rq.config.workspace = scratch.data();
+  rq.config.workspace_bytes = scratch.size();
+  const Outputs out = run_library(c.problem(), c.storage(), rq);
+  ASSERT_FALSE(out.status.ok());
+  EXPECT_NE(out.status.error.find("config.workspace is host memory"), std::string::npos)
+      << out.status.error;
+}
+
+// ---- Two GPUs ---------------------------------------------------------------
+
+// Why two GPUs of one model and SM count (whose bytes cuBLAS promises to be
+// the same) are not here, or "".
+std::string two_like_gpus_missing() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return "cudaGetDeviceCount failed";
+  }
+  if (count < 2) return std::to_string(count) + " CUDA device(s) visible, and the test needs 2";
+  cudaDeviceProp a{}, b{};
+  if (cudaGetDeviceProperties(&a, 0) != cudaSuccess || cudaGetDeviceProperties(&b, 1) != cudaSuccess)
+    return "cudaGetDeviceProperties failed";
+  if (std::string(a.name) != b.name || a.multiProcessorCount != b.multiProcessorCount)
+    return std::string("cuda:0 (") + a.name + ") and cuda:1 (" + b.name + ") differ";
+  return "";
+}
+
+#define SKIP_WITHOUT_TWO_GPUS()                                            \
+  do {                                                                     \
+    if (const std::string why = two_like_gpus_missing(); !why.empty())     \
+      GTEST_SKIP() << "needs two like GPUs: " << why;                      \
+  } while (0)
+
+int current_device() {
+  int device = -1;
+  cudaGetDevice(&device);
+  return device;
+}
+
+// A data-parallel rank's tensors on cuda:1 while cuda:0 is current (torch's
+// default device): the call runs on cuda:1, gives cuda:0's bytes and leaves
+// cuda:0 current; and the other way round.
+TEST_F(CudaGpu, OtherDeviceThanTheCurrentOneGivesTheSameBytes) {
+  SKIP_WITHOUT_TWO_GPUS();
+  unsetenv("FLCE_CUDA_TILE");
+  unsetenv("FLCE_CUDA_BLOCK");
+  for (const Case& c : determinism_cases()) {
+    Request rq;
+    rq.config = cuda();
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    const Outputs on_0 = run_library(c.problem(), c.storage(), rq);
+    ASSERT_TRUE(on_0.status.ok()) << on_0.status.error;
+    rq.device = 1;
+    const Outputs on_1 = run_library(c.problem(), c.storage(), rq);
+    EXPECT_TRUE(on_1.status.ok()) << on_1.status.error;
+    EXPECT_EQ(current_device(), 0);
+    expect_identical_outputs(on_1, on_0);
+    ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+    rq.device = 0;
+    const Outputs back_on_0 = run_library(c.problem(), c.storage(), rq);
+    EXPECT_TRUE(back_on_0.status.ok()) << back_on_0.status.error;
+    EXPECT_EQ(current_device(), 1);
+    expect_identical_outputs(back_on_0, on_0);
+  }
+  cudaSetDevice(0);
+}
+
+// The tensors on cuda:1 with a stream or scratch of cuda:0: declined, naming
+// the argument and both devices.
+TEST_F(CudaGpu, StreamOrScratchOfAnotherDeviceIsDeclined) {
+  SKIP_WITHOUT_TWO_GPUS();
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  const Case c = head(50, 16, 300);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  void* scratch = nullptr;
+  ASSERT_EQ(cudaMalloc(&scratch, size_t(64) << 20), cudaSuccess);
+  Request rq;
+  rq.config = cuda();
+  rq.device = 1;
+  rq.config.stream = stream;
+  Outputs out = run_library(c.problem(), c.storage(), rq);
+  ASSERT_FALSE(out.status.ok());
+  EXPECT_NE(out.status.error.find("config.stream is a stream of cuda:0; the tensors are on cuda:1"),
+            std::string::npos) << out.status.error;
+  rq.config.stream = nullptr;
+  rq.config.workspace = scratch;
+  rq.config.workspace_bytes = size_t(64) << 20;
+  out = run_library(c.problem(), c.storage(), rq);
+  ASSERT_FALSE(out.status.ok());
+  EXPECT_NE(out.status.error.find("config.workspace is memory of cuda:0; the tensors are on cuda:1"),
+            std::string::npos) << out.status.error;
   cudaFree(scratch);
   cudaStreamDestroy(stream);
 }

@@ -59,25 +59,58 @@ struct Named {
   const Tensor* t;
 };
 
+// "" when `data` is device memory of cuda:`device`, else where it is
+// ("host memory", "memory of cuda:1", "unknown to CUDA (why)").
+std::string memory_problem(const void* data, int device) {
+  cudaPointerAttributes attr{};
+  if (const cudaError_t e = cudaPointerGetAttributes(&attr, data); e != cudaSuccess) {
+    cudaGetLastError();
+    return "unknown to CUDA (" + cuda_error("cudaPointerGetAttributes", e) + ")";
+  }
+  if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)
+    return "host memory";
+  if (attr.device != device) return "memory of cuda:" + std::to_string(attr.device);
+  return "";
+}
+
 // Every tensor must be device memory of the device the views name.
 std::string pointer_problem(const Problem& p) {
   for (auto [name, t, written] : tensors_of(p)) {
     if (!t->present() || t->data == nullptr) continue;
-    cudaPointerAttributes attr{};
-    const cudaError_t e = cudaPointerGetAttributes(&attr, t->data);
-    if (e != cudaSuccess) {
-      cudaGetLastError();
-      return std::string(name) + ": " + cuda_error("cudaPointerGetAttributes", e);
-    }
-    const bool device_memory =
-        attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
-    if (!device_memory)
+    if (auto why = memory_problem(t->data, t->device_index); !why.empty())
       return std::string(name) + ": the view says cuda:" + std::to_string(t->device_index) +
-             " but its pointer is host memory";
-    if (attr.device != t->device_index)
-      return std::string(name) + ": the pointer belongs to cuda:" + std::to_string(attr.device) +
-             ", the view says cuda:" + std::to_string(t->device_index);
+             " but its pointer is " + why;
   }
+  return "";
+}
+
+// The caller's stream and scratch must belong to the tensors' device: work
+// queued on another device's stream fails as an "invalid resource handle",
+// and a kernel reading another device's memory faults.
+std::string config_problem(const RunConfig& config, int device) {
+  const auto stream = static_cast<cudaStream_t>(config.stream);
+  // Null and the two special handles mean the current device's stream,
+  // which run() makes the tensors' device.
+  const bool current = stream == nullptr || stream == cudaStreamLegacy ||
+                       stream == cudaStreamPerThread;
+#if CUDART_VERSION >= 12080  // cudaStreamGetDevice is new in CUDA 12.8
+  int on = device;
+  if (!current) {
+    if (const cudaError_t e = cudaStreamGetDevice(stream, &on); e != cudaSuccess) {
+      cudaGetLastError();
+      return "config.stream: " + cuda_error("cudaStreamGetDevice", e);
+    }
+  }
+  if (on != device)
+    return "config.stream is a stream of cuda:" + std::to_string(on) + "; the tensors are on cuda:" +
+           std::to_string(device) + " (give a stream of their device)";
+#else
+  (void)current;
+#endif
+  if (config.workspace != nullptr)
+    if (auto why = memory_problem(config.workspace, device); !why.empty())
+      return "config.workspace is " + why + "; the tensors are on cuda:" +
+             std::to_string(device) + " (give scratch of their device)";
   return "";
 }
 
@@ -206,15 +239,30 @@ class CudaBackend final : public Backend {
  public:
   const char* name() const override { return "cuda"; }
 
+  // What it is and each visible device, or why it can run on none of them.
   std::string describe() const override {
-    if (auto why = device_problem(0); !why.empty()) return "declines every problem here: " + why;
-    cudaDeviceProp prop{};
-    cudaGetDeviceProperties(&prop, 0);
-    const bool hopper = prop.major == 9 && prop.minor == 0;
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)  // no driver or no device
+      return "declines every problem here: " + device_problem(0);
+    std::string devices, reasons;
+    bool hopper = false;
+    for (int i = 0; i < count; ++i) {
+      cudaDeviceProp prop{};
+      cudaGetDeviceProperties(&prop, i);
+      const std::string why = device_problem(i);
+      if (!why.empty()) {
+        reasons += (reasons.empty() ? "" : "; ") + why;
+        continue;
+      }
+      hopper |= prop.major == 9 && prop.minor == 0;
+      devices += std::string(devices.empty() ? "" : ", ") + "cuda:" + std::to_string(i) + " " +
+                 prop.name + " (sm_" + std::to_string(prop.major * 10 + prop.minor) + ")";
+    }
+    if (devices.empty()) return "declines every problem here: " + reasons;
     return std::string("cuBLAS GEMMs on vocab tiles + fused softmax and dlogits kernels") +
-           (hopper ? " (bf16/f16: one wgmma kernel for each score GEMM and its epilogue)" : "") +
-           "; device 0: " + prop.name + " (sm_" + std::to_string(prop.major * 10 + prop.minor) +
-           ")";
+           (hopper ? " (bf16/f16 on sm_90: one wgmma kernel for each score GEMM and its epilogue)"
+                   : "") +
+           "; runs on " + devices + (reasons.empty() ? "" : "; declines " + reasons);
   }
 
   Support supports(const Problem& p, Pass, const RunConfig& config) const override {
@@ -228,6 +276,8 @@ class CudaBackend final : public Backend {
     if (auto why = device_problem(first.device_index); !why.empty()) return Support::decline(why);
     if (auto why = layout_problem(p); !why.empty()) return Support::decline(why);
     if (auto why = pointer_problem(p); !why.empty()) return Support::decline(why);
+    if (auto why = config_problem(config, first.device_index); !why.empty())
+      return Support::decline(why);
     return Support::accept();
   }
 

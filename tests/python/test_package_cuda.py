@@ -160,6 +160,14 @@ def test_torch_hv_view_of_a_vh_weight_runs_as_that_weight():
         assert torch.equal(a, b)
 
 
+def _same_bytes(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        x, y = a[k].cpu(), b[k].cpu()
+        assert torch.equal(x.view(torch.uint8) if x.dim() else x,
+                           y.view(torch.uint8) if y.dim() else y), k
+
+
 def test_same_bytes_on_every_run():
     x, w, y, b = make(1000, 64, 9000, torch.bfloat16, OPTIONS["everything"])
     xd, wd, yd, bd = x.to(DEV), w.to(DEV), y.to(DEV), b.to(DEV)
@@ -167,9 +175,7 @@ def test_same_bytes_on_every_run():
                                backend="cuda", **OPTIONS["everything"]).as_dict()
             for _ in range(3)]
     for later in runs[1:]:
-        for k in runs[0]:
-            assert torch.equal(runs[0][k].view(torch.uint8) if runs[0][k].dim() else runs[0][k],
-                               later[k].view(torch.uint8) if later[k].dim() else later[k]), k
+        _same_bytes(later, runs[0])
 
 
 def test_torch_module_trains_on_the_gpu():
@@ -186,3 +192,45 @@ def test_torch_module_trains_on_the_gpu():
     assert abs(loss.item() - ref.item()) < 1e-5 * abs(ref.item())
     assert torch.allclose(x.grad.double(), ref_x.grad.double(), rtol=0, atol=1e-6)
     assert torch.allclose(head.weight.grad.double(), ref_w.grad.double(), rtol=0, atol=1e-6)
+
+
+def _two_like_gpus_missing():
+    if torch.cuda.device_count() < 2:
+        return f"{torch.cuda.device_count()} CUDA device(s) visible, and the test needs 2"
+    a, b = torch.cuda.get_device_properties(0), torch.cuda.get_device_properties(1)
+    if (a.name, a.multi_processor_count) != (b.name, b.multi_processor_count):
+        return f"cuda:0 ({a.name}) and cuda:1 ({b.name}) differ"
+    return ""
+
+
+@pytest.mark.skipif(bool(_two_like_gpus_missing()),
+                    reason=f"needs two like GPUs: {_two_like_gpus_missing()}")
+def test_tensors_on_another_device_than_the_current_one():
+    # A data-parallel rank's tensors on cuda:1 while cuda:0 is current: the
+    # outputs come back on cuda:1 with cuda:0's bytes (torch's stream and
+    # scratch of cuda:1), cuda:0 stays current, and autograd runs there too.
+    opts = OPTIONS["everything"]
+    x, w, y, b = make(1000, 64, 9000, torch.bfloat16, opts)
+    on = {}
+    for d in (0, 1):
+        dev = torch.device("cuda", d)
+        with torch.cuda.device(0):
+            r = flce.loss_and_grad(x.to(dev), w.to(dev), y.to(dev), bias=b.to(dev),
+                                   outputs="all", grad_logits_dtype="storage", backend="cuda",
+                                   **opts)
+            assert torch.cuda.current_device() == 0
+        assert all(v.device == dev for v in r.as_dict().values())
+        on[d] = r.as_dict()
+    _same_bytes(on[1], on[0])
+
+    grads = {}
+    for d in (0, 1):
+        dev = torch.device("cuda", d)
+        xd = x.to(dev).requires_grad_(True)
+        wd = w.to(dev).requires_grad_(True)
+        with torch.cuda.device(0):
+            loss = flce.torch.LinearCrossEntropyLoss()(xd, wd, y.to(dev))
+            loss.backward()
+        assert loss.device == xd.grad.device == wd.grad.device == dev
+        grads[d] = {"loss": loss.detach(), "grad_x": xd.grad, "grad_w": wd.grad}
+    _same_bytes(grads[1], grads[0])

@@ -411,7 +411,7 @@ Outputs run_library(const DenseProblem& d, const Storage& st, const Request& rq)
   flce::cuda::DeviceProblem on_device;
   const bool cuda = rq.config.backend == "cuda";
   if (cuda) {
-    out.status.error = on_device.upload(p, 0);
+    out.status.error = on_device.upload(p, rq.device);
     if (!out.status.ok()) return out;
   }
   const flce::Problem& run = cuda ? on_device.problem() : p;

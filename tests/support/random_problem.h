@@ -113,6 +113,7 @@ struct Request {
   bool per_row_outputs = true;    // logprob, argmax, entropy, zloss
   bool argmax = true;             // with per_row_outputs: argmax too
   bool gradients = true;          // grad_x, grad_w, grad_bias / grad_logits
+  int device = 0;                 // backend "cuda": the GPU that holds the copies
 };
 
 // Stores `problem` as `storage` says, calls flce::forward/backward/
