@@ -234,3 +234,52 @@ def test_tensors_on_another_device_than_the_current_one():
         assert loss.device == xd.grad.device == wd.grad.device == dev
         grads[d] = {"loss": loss.detach(), "grad_x": xd.grad, "grad_w": wd.grad}
     _same_bytes(grads[1], grads[0])
+
+
+# N x V above 2^31 elements: row 16383 holds element 2^31 (16383 x 131073 <
+# 2^31 < 16384 x 131073), and the last row the highest offsets.
+BIG_N, BIG_V = 16400, 131073
+BIG_ROWS = [0, 16382, 16383, BIG_N - 1]
+
+
+def _big_or_skip(gib):
+    free = torch.cuda.mem_get_info(DEV)[0]
+    if free < gib << 30:
+        pytest.skip(f"needs {gib} GiB free on {DEV}, {free >> 30} GiB free")
+
+
+def test_logits_entry_beyond_2_31_elements():
+    # 4.3 GB of bf16 logits, dlogits written in place: rows are independent
+    # under reduction 'none', so the rows at and past offset 2^31 are judged
+    # against the oracle run on those rows alone.
+    _big_or_skip(10)
+    g = torch.Generator(device=DEV).manual_seed(7)
+    logits = torch.randn(BIG_N, BIG_V, generator=g, device=DEV, dtype=torch.bfloat16) * 3
+    y = torch.randint(0, BIG_V, (BIG_N,), generator=g, device=DEV)
+    y[-1] = BIG_V - 1  # the very last element is a label
+    idx = torch.tensor(BIG_ROWS, device=DEV)
+    kept = logits[idx].cpu()
+    r = flce.loss_and_grad(logits=logits, labels=y, inplace=True, reduction="none",
+                           grad_dtype="input", backend="cuda")
+    got = {"loss": r.loss[idx].cpu(), "lse": r.lse[idx].cpu(), "grad_logits": logits[idx].cpu()}
+    del logits, r
+    flce.testing.assert_close(got, logits=kept, labels=y[idx].cpu(), reduction="none")
+
+
+def test_head_beyond_2_31_scores():
+    # A head with N x V above 2^31 (its scores are never held): every row
+    # but BIG_ROWS ignored, so grad_W and grad_bias are those of BIG_ROWS
+    # alone and the whole step is judged against the oracle on those rows
+    # (with u_q: bf16 dlogits may stash scores, as in the stash test above).
+    _big_or_skip(4)
+    x, w, y, b = make(BIG_N, 64, BIG_V, torch.bfloat16, {}, seed=8)
+    y[:] = -100
+    y[BIG_ROWS] = torch.tensor([5, BIG_V - 1, 77, BIG_V - 2])
+    r = flce.loss_and_grad(x.to(DEV), w.to(DEV), y.to(DEV), bias=b.to(DEV), outputs="all",
+                           grad_logits_dtype="storage", grad_dtype="input", backend="cuda")
+    got = {k: v.cpu() for k, v in r.as_dict().items()}
+    rows = {k: got[k][BIG_ROWS] for k in ("lse", "logprob", "argmax", "entropy", "zloss",
+                                          "grad_x")}
+    assert not got["grad_x"][1:16382].any()  # ignored rows
+    flce.testing.assert_close({**got, **rows}, x[BIG_ROWS], w, y[BIG_ROWS], bias=b,
+                              grad_cast="bfloat16", packed_scores="float16")
