@@ -958,6 +958,23 @@ TEST_F(CudaGpu, ScratchInHostMemoryIsDeclined) {
       << out.status.error;
 }
 
+// A caller's pending CUDA error is named as such and left pending, not
+// reported as flce's own launch failure and cleared.
+TEST_F(CudaGpu, CallersPendingErrorIsNamedAndLeftPending) {
+  const Case c = head(50, 16, 300);
+  Request rq;
+  rq.config = cuda();
+  ASSERT_EQ(cudaSetDevice(9999), cudaErrorInvalidDevice);  // a failed call, not sticky
+  const Outputs refused = run_library(c.problem(), c.storage(), rq);
+  ASSERT_FALSE(refused.status.ok());
+  EXPECT_NE(refused.status.error.find("a CUDA error from before this call is pending "
+                                      "(cudaErrorInvalidDevice"),
+            std::string::npos) << refused.status.error;
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidDevice);  // still there for its owner
+  const Outputs later = run_library(c.problem(), c.storage(), rq);
+  EXPECT_TRUE(later.status.ok()) << later.status.error;
+}
+
 // ---- Two GPUs ---------------------------------------------------------------
 
 // Why two GPUs of one model and SM count (whose bytes cuBLAS promises to be

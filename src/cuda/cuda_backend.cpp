@@ -291,6 +291,12 @@ class CudaBackend final : public Backend {
                   RunStats*) const override {
     if (auto e = cuda::check_plan_env(); !e.empty()) return e;
     if (auto e = cuda::sm90::check_fused_env(); !e.empty()) return e;
+    // A caller's pending error would surface at the first launch check below
+    // and read as flce's own (and be cleared): name it and leave it pending.
+    if (const cudaError_t e = cudaPeekAtLastError(); e != cudaSuccess)
+      return std::string("cuda backend: a CUDA error from before this call is pending (") +
+             cudaGetErrorName(e) + ": " + cudaGetErrorString(e) +
+             "); nothing was run, and the error is left for its owner (cudaGetLastError clears it)";
     const Tensor& first = p.logits.present() ? p.logits : p.x;
     cuda::DeviceGuard guard;
     if (auto e = guard.enter(first.device_index); !e.empty()) return "cuda backend: " + e;
