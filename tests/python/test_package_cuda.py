@@ -194,6 +194,23 @@ def test_torch_module_trains_on_the_gpu():
     assert torch.allclose(head.weight.grad.double(), ref_w.grad.double(), rtol=0, atol=1e-6)
 
 
+def test_autocast_runs_in_its_dtype_as_f_linear_would():
+    # A float32 head under torch.autocast(bfloat16) runs as its bfloat16 cast
+    # (the fused path on an H100), with float32 gradients: the bytes of
+    # casting by hand.
+    x, w, y, b = make(300, 64, 5000, torch.float32, {})
+    xa, wa, ba = (t.to(DEV).requires_grad_(True) for t in (x, w, b))
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = flce.torch.linear_cross_entropy(xa, wa, y.to(DEV), ba, backend="cuda")
+    loss.backward()
+    xh, wh, bh = (t.detach().bfloat16().requires_grad_(True) for t in (xa, wa, ba))
+    want = flce.torch.linear_cross_entropy(xh, wh, y.to(DEV), bh, backend="cuda")
+    want.backward()
+    assert torch.equal(loss, want)
+    for got, by_hand in ((xa.grad, xh.grad), (wa.grad, wh.grad), (ba.grad, bh.grad)):
+        assert got.dtype == torch.float32 and torch.equal(got, by_hand.float())
+
+
 def _two_like_gpus_missing():
     if torch.cuda.device_count() < 2:
         return f"{torch.cuda.device_count()} CUDA device(s) visible, and the test needs 2"

@@ -186,6 +186,39 @@ def test_mixed_dtypes_get_float32_gradients_rounded_once():
     norm_close("grad_x", x.grad.float(), xr.grad, 1e-3)  # float16's rounding, 2^-11
 
 
+def _autocast_cpu_or_skip():
+    if not hasattr(torch, "autocast") or not hasattr(torch, "is_autocast_cpu_enabled"):
+        pytest.skip(f"torch {torch.__version__} has no CPU autocast")
+    return torch.autocast("cpu", dtype=torch.bfloat16)
+
+
+def test_autocast_runs_in_its_dtype_as_f_linear_would():
+    # Under torch.autocast, float32 W and bias with float32 or bfloat16 x run
+    # as their bfloat16 casts (F.linear's inputs there), on the cpu backend
+    # (which declines mixed dtypes), and the float32 parameters get the
+    # bfloat16 run's gradients as float32: the bytes of casting by hand.
+    x, w, b, y, _, _ = make(torch.float32, {}, seed=16)
+    for x_dtype in (torch.float32, torch.bfloat16):
+        xa, wa, ba = (t.detach().clone().requires_grad_(True) for t in (x.to(x_dtype), w, b))
+        with _autocast_cpu_or_skip():
+            loss = linear_cross_entropy(xa, wa, y, ba, backend="cpu", return_lse=True)
+        sum(part.float().sum() for part in loss).backward()
+        xh, wh, bh = (t.detach().bfloat16().requires_grad_(True) for t in (xa, wa, ba))
+        want = linear_cross_entropy(xh, wh, y, bh, backend="cpu", return_lse=True)
+        sum(part.float().sum() for part in want).backward()
+        assert all(torch.equal(g, e) for g, e in zip(loss, want))
+        assert wa.grad.dtype == torch.float32 and xa.grad.dtype == x_dtype
+        for got, by_hand in ((xa.grad, xh.grad), (wa.grad, wh.grad), (ba.grad, bh.grad)):
+            assert torch.equal(got, by_hand.to(got.dtype))
+    # float64 is left alone, as autocast leaves it (the reference backend).
+    xd, wd = x.double().requires_grad_(True), w.double()
+    with _autocast_cpu_or_skip():
+        loss = linear_cross_entropy(xd, wd, y)
+    assert loss.dtype == torch.float64
+    loss.backward()
+    assert xd.grad.dtype == torch.float64
+
+
 def test_no_double_backward_and_no_weight_gradients():
     x, w, b, y, _, _ = make(torch.float64, {}, seed=13)
     xl = x.clone().requires_grad_(True)

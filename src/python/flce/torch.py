@@ -18,7 +18,10 @@ float64 runs on the `reference` backend, which the library picks by itself
 because the cpu backend declines float64 storage; that is what
 torch.autograd.gradcheck exercises. x, W and bias of different dtypes run
 there too (the cpu and cuda backends store them in one dtype), with float32
-gradients rounded once to each parameter's dtype. Differences from PyTorch:
+gradients rounded once to each parameter's dtype. Under torch.autocast, x, W
+and bias are first cast to autocast's dtype, as F.linear's are (float64
+excepted): float32 weights and bfloat16 hidden states then run the bf16
+path, and the weights' gradients come back in float32. Differences from PyTorch:
 a mean over rows that are all ignored is 0 (PyTorch: NaN); no double
 backward (create_graph=True raises); token and class weights get no
 gradient (weights that require one raise). Works with PyTorch 1.13.
@@ -142,6 +145,33 @@ def _number(name, value, kind):
     return kind(value)
 
 
+def _autocast_dtype(device_type):
+    """The dtype torch.autocast runs F.linear in on `device_type`, or None
+    where autocast is off there."""
+    try:
+        if not torch.is_autocast_enabled(device_type):  # torch >= 2.4
+            return None
+        return torch.get_autocast_dtype(device_type)
+    except (TypeError, AttributeError):  # older torch: one call per device type
+        if device_type == "cuda" and torch.is_autocast_enabled():
+            return torch.get_autocast_gpu_dtype()
+        if device_type == "cpu" and torch.is_autocast_cpu_enabled():
+            return torch.get_autocast_cpu_dtype()
+        return None
+
+
+def _as_autocast_would(x, W, bias):
+    """x, W and bias as F.linear sees them under torch.autocast: in its dtype
+    (float64 left alone, as autocast leaves it). The casts are autograd's
+    own, so float32 parameters get float32 gradients."""
+    dtype = _autocast_dtype(x.device.type)
+    if dtype is None:
+        return x, W, bias
+    cast = [t if t is None or not t.is_floating_point() or t.dtype == torch.float64
+            else t.to(dtype) for t in (x, W, bias)]
+    return tuple(cast)
+
+
 def linear_cross_entropy(x, W, y, bias=None, *, class_weights=None, token_weights=None,
                          ignore_index=-100, label_smoothing=0.0, z_loss=0.0, softcap=0.0,
                          logit_scale=1.0, reduction="mean", w_layout="vh",
@@ -155,6 +185,9 @@ def linear_cross_entropy(x, W, y, bias=None, *, class_weights=None, token_weight
     per-row lse and entropy shaped like y, differentiable (their gradients
     flow into flce's grad_lse and grad_entropy)."""
     x, W, y = _tensor("x", x), _tensor("W", W), _tensor("y", y)
+    if bias is not None:
+        bias = _tensor("bias", bias)
+    x, W, bias = _as_autocast_would(x, W, bias)
     if x.dim() < 1:
         raise ValueError(f"x: expected [..., H], got a {x.dim()}-D tensor")
     rows = tuple(x.shape[:-1])
