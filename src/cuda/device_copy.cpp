@@ -77,7 +77,8 @@ DeviceProblem::~DeviceProblem() {
 std::string DeviceProblem::upload(const Problem& host, int device) {
   device_index_ = device;
   DeviceGuard guard;
-  if (auto e = guard.enter(device); !e.empty()) return "cannot use CUDA device: " + e;
+  if (auto e = guard.enter(device); !e.empty())
+    return "cannot use cuda:" + std::to_string(device) + " (" + e + ")";
   device_ = host;
   // One copy per host pointer, as long as the longest tensor that starts
   // there: aliases share it (logits and grad_logits in place; two inputs
@@ -116,7 +117,8 @@ std::string DeviceProblem::upload(const Problem& host, int device) {
 
 std::string DeviceProblem::download(const Problem& host) const {
   DeviceGuard guard;
-  if (auto e = guard.enter(device_index_); !e.empty()) return "cannot use CUDA device: " + e;
+  if (auto e = guard.enter(device_index_); !e.empty())
+    return "cannot use cuda:" + std::to_string(device_index_) + " (" + e + ")";
   if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess)
     return std::string("cuda: ") + cudaGetErrorString(e);
   for (auto named : tensors_of(host)) {
