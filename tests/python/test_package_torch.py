@@ -219,6 +219,66 @@ def test_autocast_runs_in_its_dtype_as_f_linear_would():
     assert xd.grad.dtype == torch.float64
 
 
+def _step(x, w, b, y, scale=1.0, retain=False, **kw):
+    xa, wa, ba = leaves(x, w, b)
+    loss = linear_cross_entropy(xa, wa, y, ba, backend="cpu", **kw)
+    (loss * scale).backward(retain_graph=retain)
+    return loss, xa, wa, ba
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_gradients_computed_in_forward(dtype, monkeypatch):
+    # grads_in_forward (the default): forward runs loss_and_grad and backward
+    # only hands its gradients over (flce.backward is never called), scaled
+    # exactly by a power-of-two grad_loss; any other grad_loss recomputes.
+    x, w, b, y, _, _ = make(dtype, {}, seed=17)
+    recompute = flce.backward
+
+    def no_backward(*args, **kw):
+        raise AssertionError("flce.backward was called")
+    monkeypatch.setattr(flce, "backward", no_backward)
+    loss, xa, wa, ba = _step(x, w, b, y)
+    flce.testing.assert_close({"loss": loss.detach(), "grad_x": xa.grad, "grad_w": wa.grad,
+                               "grad_bias": ba.grad}, x, w, y, bias=b)
+    for scale in (4.0, -0.5, 2.0 ** -20):
+        _, xs, ws, bs = _step(x, w, b, y, scale)
+        for got, unit in ((xs, xa), (ws, wa), (bs, ba)):
+            assert torch.equal(got.grad, unit.grad * scale), scale
+    calls = []
+    monkeypatch.setattr(flce, "backward", lambda *a, **k: calls.append(1) or recompute(*a, **k))
+    for scale in (3.0, 0.1):
+        with pytest.warns(UserWarning, match=f"differentiated by {scale:g}, not 1 or a power"):
+            _, xs, ws, bs = _step(x, w, b, y, scale)
+        flce.testing.assert_close({"grad_x": xs.grad, "grad_w": ws.grad, "grad_bias": bs.grad},
+                                  x, w, y, bias=b, grad_loss=scale)
+    assert len(calls) == 2
+
+
+def test_gradients_in_forward_only_where_backward_takes_them(monkeypatch):
+    # A second backward (retain_graph) recomputes: the first one handed its
+    # gradients over. No gradients in forward under no_grad, with
+    # grads_in_forward=False, for reduction='none', or with the lse returned.
+    x, w, b, y, _, _ = make(torch.float32, {}, seed=18)
+    loss, xa, wa, ba = _step(x, w, b, y, retain=True)
+    first = xa.grad.clone()
+    loss.backward()
+    flce.testing.assert_close({"grad_x": xa.grad / 2}, x, w, y, bias=b)
+    assert not torch.equal(xa.grad, first)  # accumulated: twice the first
+
+    calls = []
+    step = flce.loss_and_grad
+    monkeypatch.setattr(flce, "loss_and_grad", lambda *a, **k: calls.append(1) or step(*a, **k))
+    xa, wa, ba = leaves(x, w, b)
+    with torch.no_grad():
+        linear_cross_entropy(xa, wa, y, ba)
+    for kw in ({"grads_in_forward": False}, {"reduction": "none"}, {"return_lse": True}):
+        out = linear_cross_entropy(xa, wa, y, ba, **kw)
+        (out[0] if isinstance(out, tuple) else out).sum().backward()
+    assert not calls
+    _step(x, w, b, y)
+    assert calls == [1]
+
+
 def test_no_double_backward_and_no_weight_gradients():
     x, w, b, y, _, _ = make(torch.float64, {}, seed=13)
     xl = x.clone().requires_grad_(True)

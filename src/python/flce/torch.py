@@ -9,6 +9,9 @@ A drop-in for F.cross_entropy(F.linear(x, W, b), y, weight=..., ignore_index=
 scale and token weights. x is [..., H] and y [...] (flattened to rows);
 reduction='none' returns y's shape. Forward saves only the lse (and the
 inputs); backward recomputes the logits tile by tile through flce.backward.
+In training (grad mode on, a mean or sum, the loss alone returned) forward
+instead runs flce.loss_and_grad and backward hands over its gradients
+(grads_in_forward=True, the default; linear_cross_entropy says more).
 
 Dtypes: float32, bfloat16 and float16 parameters of one dtype run on
 flce's cpu backend, or its cuda backend when they are CUDA tensors (float32
@@ -29,6 +32,7 @@ gradient (weights that require one raise). Works with PyTorch 1.13.
 
 import math
 import numbers
+import warnings
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -39,12 +43,46 @@ __all__ = ["LinearCrossEntropyLoss", "linear_cross_entropy", "LinearCrossEntropy
 
 
 class _Config:
-    """The non-tensor arguments of one call (options and how to run)."""
+    """The non-tensor arguments of one call (options and how to run).
+    grads_in_forward: the loss alone is differentiated, by a scalar (mean or
+    sum), with grad mode on: forward may compute the gradients as well."""
 
-    __slots__ = ("options", "run", "want_entropy")
+    __slots__ = ("options", "run", "want_entropy", "grads_in_forward")
 
-    def __init__(self, options, run, want_entropy):
+    def __init__(self, options, run, want_entropy, grads_in_forward):
         self.options, self.run, self.want_entropy = options, run, want_entropy
+        self.grads_in_forward = grads_in_forward
+
+
+def _wanted_grads(ctx, x, w, bias):
+    """The names of x, w and bias whose gradients autograd will ask for."""
+    return [name for name, t, need in zip(("x", "w", "bias"), (x, w, bias),
+                                          ctx.needs_input_grad[:3]) if need and t is not None]
+
+
+def _grad_dtype(x, w, bias):
+    """Gradients in the parameters' dtype where they share x's; else in
+    float32 (float64 if one is), rounded once to each one's own after."""
+    present = [p for p in (x, w, bias) if p is not None]
+    if all(p.dtype == x.dtype for p in present):
+        return "input"
+    return "float64" if any(p.dtype == torch.float64 for p in present) else "float32"
+
+
+def _in_param_dtypes(r, wanted, x, w, bias):
+    out = []
+    for name, param in (("x", x), ("w", w), ("bias", bias)):
+        g = getattr(r, "grad_" + name) if name in wanted else None
+        if g is not None and g.dtype != param.dtype:
+            g = g.to(param.dtype)  # e.g. x in bfloat16, W in float32
+        out.append(g)
+    return out
+
+
+def _power_of_two(value):
+    """Whether value is +-2^k: scaling by it is exact (where nothing over- or
+    underflows), so g * value has the bits flce gives for that grad_loss."""
+    return math.isfinite(value) and value != 0 and abs(math.frexp(value)[0]) == 0.5
 
 
 class LinearCrossEntropyFunction(torch.autograd.Function):
@@ -57,9 +95,19 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
         ctx.set_materialize_grads(False)  # unused outputs: None, not zeros
         outputs = ("loss", "lse", "entropy") if config.want_entropy else ("loss", "lse")
         out_dtype = "float64" if x.dtype == torch.float64 else "float32"
-        r = flce.forward(x, w, labels, bias=bias, token_weights=token_weights,
-                         class_weights=class_weights, outputs=outputs, out_dtype=out_dtype,
-                         **config.options, **config.run)
+        args = dict(bias=bias, token_weights=token_weights, class_weights=class_weights,
+                    outputs=outputs, out_dtype=out_dtype, **config.options, **config.run)
+        wanted = _wanted_grads(ctx, x, w, bias)
+        ctx.unit_grads = None
+        if config.grads_in_forward and wanted:
+            # One training step (where the backend stashes scores, one logits
+            # GEMM fewer than forward + backward); backward scales the
+            # gradients of grad_loss = 1 by the grad_loss it gets.
+            r = flce.loss_and_grad(x, w, labels, grads=wanted, grad_dtype=_grad_dtype(x, w, bias),
+                                   **args)
+            ctx.unit_grads = _in_param_dtypes(r, wanted, x, w, bias)
+        else:
+            r = flce.forward(x, w, labels, **args)
         ctx.save_for_backward(x, w, bias, labels, token_weights, class_weights, r.lse)
         ctx.config = config
         ctx.loss_shape = tuple(r.loss.shape)
@@ -79,31 +127,30 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
     @once_differentiable
     def _gradients(ctx, grad_loss, grad_lse, grad_entropy):
         x, w, bias, labels, token_weights, class_weights, lse = ctx.saved_tensors
-        params = {"x": x, "w": w, "bias": bias}
-        wanted = [name for name, need in zip(params, ctx.needs_input_grad[:3])
-                  if need and params[name] is not None]
+        wanted = _wanted_grads(ctx, x, w, bias)
         nothing = (None,) * 7
         if not wanted or (grad_loss is None and grad_lse is None and grad_entropy is None):
             return nothing
+        # The forward's gradients, handed over (not kept: autograd can then
+        # take them as .grad without a copy); a second backward recomputes.
+        unit, ctx.unit_grads = ctx.unit_grads, None
+        if unit is not None and grad_lse is None and grad_entropy is None:
+            scale = float(grad_loss)  # 0-d: mean or sum
+            if scale == 1.0 or _power_of_two(scale):
+                grads = [g if g is None or scale == 1.0 else g.mul_(scale) for g in unit]
+                return tuple(grads) + (None,) * 4
+            warnings.warn(f"flce.torch: the loss was differentiated by {scale:g}, not 1 or a "
+                          "power of two, so the gradients computed in forward were not exact "
+                          "for it and backward computes them again; scale the loss by a power "
+                          "of two, or pass grads_in_forward=False", stacklevel=2)
         if grad_loss is None:  # flce reads an absent grad_loss as ones
             grad_loss = torch.zeros(ctx.loss_shape, dtype=lse.dtype, device=lse.device)
-        # Gradients in the parameters' dtype where they share x's; else in
-        # float32 (float64 if one is), rounded once to each one's own below.
-        present = [p for p in params.values() if p is not None]
-        grad_dtype = "input"
-        if any(p.dtype != x.dtype for p in present):
-            grad_dtype = "float64" if any(p.dtype == torch.float64 for p in present) else "float32"
         r = flce.backward(x, w, labels, lse, bias=bias, token_weights=token_weights,
                           class_weights=class_weights, grad_loss=grad_loss, grad_lse=grad_lse,
-                          grad_entropy=grad_entropy, grads=wanted, grad_dtype=grad_dtype,
-                          **ctx.config.options, **ctx.config.run)
-        out = []
-        for name in params:
-            g = getattr(r, "grad_" + name) if name in wanted else None
-            if g is not None and g.dtype != params[name].dtype:
-                g = g.to(params[name].dtype)  # e.g. x in bfloat16, W in float32
-            out.append(g)
-        return tuple(out) + (None,) * 4
+                          grad_entropy=grad_entropy, grads=wanted,
+                          grad_dtype=_grad_dtype(x, w, bias), **ctx.config.options,
+                          **ctx.config.run)
+        return tuple(_in_param_dtypes(r, wanted, x, w, bias)) + (None,) * 4
 
 
 class _NoRows(torch.autograd.Function):
@@ -176,14 +223,23 @@ def linear_cross_entropy(x, W, y, bias=None, *, class_weights=None, token_weight
                          ignore_index=-100, label_smoothing=0.0, z_loss=0.0, softcap=0.0,
                          logit_scale=1.0, reduction="mean", w_layout="vh",
                          grad_logits_dtype="f32", filter_eps=0.0, backend=None, gemm=None,
-                         threads=0, return_lse=False, return_entropy=False):
+                         threads=0, return_lse=False, return_entropy=False,
+                         grads_in_forward=True):
     """The loss of F.cross_entropy(F.linear(x, W, bias), y, ...) without the
     logits. x [..., H]; W [V, H] (w_layout='vh', nn.Linear's weight) or
     [H, V] ('hv'); y [...] int64/int32; class_weights [V] (F.cross_entropy's
     `weight`); token_weights [...] like y (or flattened). Returns the loss, or a tuple
     (loss, lse[, entropy]) / (loss, entropy) with return_lse/return_entropy:
     per-row lse and entropy shaped like y, differentiable (their gradients
-    flow into flce's grad_lse and grad_entropy)."""
+    flow into flce's grad_lse and grad_entropy). grads_in_forward: with grad
+    mode on, a mean or sum and neither lse nor entropy returned, compute the
+    gradients in this call (one flce.loss_and_grad, which saves the backward
+    a logits GEMM where the backend stashes scores) and hand them to
+    backward, scaled by its grad_loss (exact for 1 and powers of two, as
+    loss scalers use; any other grad_loss is recomputed, with a warning:
+    forward's work is then wasted). They take the
+    gradients' memory from this call on, and are wasted if no backward runs:
+    pass False (or run under torch.no_grad()) for a loss only looked at."""
     x, W, y = _tensor("x", x), _tensor("W", W), _tensor("y", y)
     if bias is not None:
         bias = _tensor("bias", bias)
@@ -223,7 +279,9 @@ def linear_cross_entropy(x, W, y, bias=None, *, class_weights=None, token_weight
                    logit_scale=_number("logit_scale", logit_scale, float), reduction=reduction,
                    w_layout=w_layout, grad_logits_dtype=grad_logits_dtype, filter_eps=filter_eps)
     run = dict(backend=backend, gemm=gemm, threads=threads)
-    config = _Config(options, run, bool(return_entropy))
+    eager = bool(grads_in_forward) and torch.is_grad_enabled() and reduction != "none" and \
+        not return_lse and not return_entropy
+    config = _Config(options, run, bool(return_entropy), eager)
     if x2.shape[0] == 0:
         # Shapes, dtypes and options checked as the library would for one
         # (ignored) row, then flce's semantics for no rows.
@@ -256,13 +314,15 @@ class LinearCrossEntropyLoss(torch.nn.Module):
     def __init__(self, ignore_index=-100, label_smoothing=0.0, z_loss=0.0, softcap=0.0,
                  logit_scale=1.0, reduction="mean", w_layout="vh", backend=None,
                  class_weights=None, gemm=None, threads=0, grad_logits_dtype="f32",
-                 filter_eps=0.0, return_lse=False, return_entropy=False):
+                 filter_eps=0.0, return_lse=False, return_entropy=False,
+                 grads_in_forward=True):
         super().__init__()
         self.ignore_index, self.label_smoothing, self.z_loss = ignore_index, label_smoothing, z_loss
         self.softcap, self.logit_scale, self.reduction = softcap, logit_scale, reduction
         self.w_layout, self.backend, self.gemm, self.threads = w_layout, backend, gemm, threads
         self.grad_logits_dtype, self.filter_eps = grad_logits_dtype, filter_eps
         self.return_lse, self.return_entropy = return_lse, return_entropy
+        self.grads_in_forward = grads_in_forward
         self.register_buffer("class_weights", class_weights)
 
     def forward(self, x, W, y, bias=None, token_weights=None):
@@ -274,7 +334,7 @@ class LinearCrossEntropyLoss(torch.nn.Module):
             grad_logits_dtype=self.grad_logits_dtype, filter_eps=self.filter_eps,
             backend=self.backend, gemm=self.gemm,
             threads=self.threads, return_lse=self.return_lse,
-            return_entropy=self.return_entropy)
+            return_entropy=self.return_entropy, grads_in_forward=self.grads_in_forward)
 
     def extra_repr(self):
         return (f"ignore_index={self.ignore_index}, label_smoothing={self.label_smoothing}, "
