@@ -17,6 +17,10 @@ Dtypes: float32, bfloat16 and float16 parameters of one dtype run on
 flce's cpu backend, or its cuda backend when they are CUDA tensors (float32
 accumulation), and get gradients in their own dtype; the loss, lse and
 entropy are float32 (more precise than a bf16 loss; cast if you need to).
+For bf16/f16 training on the GPU pass grad_logits_dtype='storage': dlogits
+rounded to the storage dtype, as eager PyTorch's bf16 step rounds them, feed
+tensor-core GEMMs (the default f32 dlogits keep plain f32 GEMMs, several
+times slower).
 float64 runs on the `reference` backend, which the library picks by itself
 because the cpu backend declines float64 storage; that is what
 torch.autograd.gradcheck exercises. x, W and bias of different dtypes run
