@@ -45,8 +45,10 @@ std::string device_problem(int index) {
     return "device index " + std::to_string(index) + " is not one of the " +
            std::to_string(count) + " CUDA devices";
   cudaDeviceProp prop{};
-  if (cudaError_t e = cudaGetDeviceProperties(&prop, index); e != cudaSuccess)
+  if (cudaError_t e = cudaGetDeviceProperties(&prop, index); e != cudaSuccess) {
+    cudaGetLastError();
     return cuda_error("cudaGetDeviceProperties", e);
+  }
   if (prop.major < 8)
     return std::string("device ") + std::to_string(index) + " (" + prop.name + ") is sm_" +
            std::to_string(prop.major * 10 + prop.minor) +
@@ -96,8 +98,12 @@ std::string config_problem(const RunConfig& config, int device) {
 #if CUDART_VERSION >= 12080  // cudaStreamGetDevice is new in CUDA 12.8
   int on = device;
   if (!current) {
-    if (const cudaError_t e = cudaStreamGetDevice(stream, &on); e != cudaSuccess) {
+    const cudaError_t e = cudaStreamGetDevice(stream, &on);
+    if (e != cudaSuccess) {
       cudaGetLastError();
+      // A driver older than the runtime cannot tell: the stream is taken
+      // unchecked, as with an older toolkit.
+      if (e == cudaErrorCallRequiresNewerDriver || e == cudaErrorNotSupported) return "";
       return "config.stream: " + cuda_error("cudaStreamGetDevice", e);
     }
   }
@@ -247,13 +253,13 @@ class CudaBackend final : public Backend {
     std::string devices, reasons;
     bool hopper = false;
     for (int i = 0; i < count; ++i) {
-      cudaDeviceProp prop{};
-      cudaGetDeviceProperties(&prop, i);
       const std::string why = device_problem(i);
       if (!why.empty()) {
         reasons += (reasons.empty() ? "" : "; ") + why;
         continue;
       }
+      cudaDeviceProp prop{};
+      cudaGetDeviceProperties(&prop, i);  // device_problem read it without error
       hopper |= prop.major == 9 && prop.minor == 0;
       devices += std::string(devices.empty() ? "" : ", ") + "cuda:" + std::to_string(i) + " " +
                  prop.name + " (sm_" + std::to_string(prop.major * 10 + prop.minor) + ")";
@@ -296,7 +302,8 @@ class CudaBackend final : public Backend {
     if (const cudaError_t e = cudaPeekAtLastError(); e != cudaSuccess)
       return std::string("cuda backend: a CUDA error from before this call is pending (") +
              cudaGetErrorName(e) + ": " + cudaGetErrorString(e) +
-             "); nothing was run, and the error is left for its owner (cudaGetLastError clears it)";
+             "); nothing was run, and the error is left for its owner (cudaGetLastError "
+             "clears it unless it is sticky)";
     const Tensor& first = p.logits.present() ? p.logits : p.x;
     cuda::DeviceGuard guard;
     if (auto e = guard.enter(first.device_index); !e.empty()) return "cuda backend: " + e;

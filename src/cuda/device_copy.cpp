@@ -44,8 +44,10 @@ std::string time_logits_gemm(const Problem& p, int reps, double* seconds) {
   const int64_t v = vh ? p.w.shape[0] : p.w.shape[1];
   void* out = nullptr;
   const size_t bytes = size_t(n * v) * dtype_size(p.x.dtype);
-  if (cudaError_t e = cudaMalloc(&out, bytes); e != cudaSuccess)
+  if (cudaError_t e = cudaMalloc(&out, bytes); e != cudaSuccess) {
+    cudaGetLastError();
     return "the GEMM's [N, V] output (" + std::to_string(bytes) + " bytes): " + cudaGetErrorString(e);
+  }
   Gemm g;
   g.m = n, g.n = v, g.k = h;
   g.a = p.x.data, g.lda = p.x.stride[0];
@@ -93,14 +95,18 @@ std::string DeviceProblem::upload(const Problem& host, int device) {
     else same->bytes = std::max(same->bytes, span_bytes(h));
   }
   for (Copy c : wanted) {
-    if (cudaError_t e = cudaMalloc(&c.device, c.bytes ? c.bytes : 1); e != cudaSuccess)
+    if (cudaError_t e = cudaMalloc(&c.device, c.bytes ? c.bytes : 1); e != cudaSuccess) {
+      cudaGetLastError();
       return "cannot allocate " + std::to_string(c.bytes) + " bytes on cuda:" +
              std::to_string(device) + ": " + cudaGetErrorString(e);
+    }
     copies_.push_back(c);
     if (c.bytes && c.host != nullptr) {
       if (cudaError_t e = cudaMemcpy(c.device, c.host, c.bytes, cudaMemcpyHostToDevice);
-          e != cudaSuccess)
+          e != cudaSuccess) {
+        cudaGetLastError();
         return std::string("copying to the device: ") + cudaGetErrorString(e);
+      }
     }
   }
   for (auto named : tensors_of(device_)) {
@@ -128,8 +134,10 @@ std::string DeviceProblem::download(const Problem& host) const {
       if (c.host != h.data || c.bytes == 0) continue;
       if (cudaError_t e = cudaMemcpy(const_cast<void*>(c.host), c.device, c.bytes,
                                      cudaMemcpyDeviceToHost);
-          e != cudaSuccess)
+          e != cudaSuccess) {
+        cudaGetLastError();
         return std::string("copying from the device: ") + cudaGetErrorString(e);
+      }
     }
   }
   return "";

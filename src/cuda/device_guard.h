@@ -15,7 +15,7 @@ class DeviceGuard {
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;
   ~DeviceGuard() {
-    if (restore_) cudaSetDevice(previous_);
+    if (restore_ && cudaSetDevice(previous_) != cudaSuccess) cudaGetLastError();
   }
 
   // "" once cuda:`device` is current, else why it cannot be.

@@ -230,7 +230,8 @@ def _step(x, w, b, y, scale=1.0, retain=False, **kw):
 def test_gradients_computed_in_forward(dtype, monkeypatch):
     # grads_in_forward (the default): forward runs loss_and_grad and backward
     # only hands its gradients over (flce.backward is never called), scaled
-    # exactly by a power-of-two grad_loss; any other grad_loss recomputes.
+    # by a power of two into the bytes loss_and_grad gives for that
+    # grad_loss; float32 ones take any scale, 16-bit ones recompute.
     x, w, b, y, _, _ = make(dtype, {}, seed=17)
     recompute = flce.backward
 
@@ -240,18 +241,38 @@ def test_gradients_computed_in_forward(dtype, monkeypatch):
     loss, xa, wa, ba = _step(x, w, b, y)
     flce.testing.assert_close({"loss": loss.detach(), "grad_x": xa.grad, "grad_w": wa.grad,
                                "grad_bias": ba.grad}, x, w, y, bias=b)
-    for scale in (4.0, -0.5, 2.0 ** -20):
+    for scale in (1.0, 4.0, -0.5, 2.0 ** -20, 2.0 ** 16):
         _, xs, ws, bs = _step(x, w, b, y, scale)
-        for got, unit in ((xs, xa), (ws, wa), (bs, ba)):
-            assert torch.equal(got.grad, unit.grad * scale), scale
+        want = flce.loss_and_grad(x, w, y, bias=b, grad_loss=scale, grad_dtype="input",
+                                  backend="cpu")
+        for got, name in ((xs, "grad_x"), (ws, "grad_w"), (bs, "grad_bias")):
+            assert torch.equal(got.grad, getattr(want, name)), (scale, name)
     calls = []
     monkeypatch.setattr(flce, "backward", lambda *a, **k: calls.append(1) or recompute(*a, **k))
     for scale in (3.0, 0.1):
-        with pytest.warns(UserWarning, match=f"differentiated by {scale:g}, not 1 or a power"):
+        if dtype == torch.float32:
             _, xs, ws, bs = _step(x, w, b, y, scale)
+        else:
+            with pytest.warns(UserWarning, match=f"differentiated by {scale:g}, not a power"):
+                _, xs, ws, bs = _step(x, w, b, y, scale)
         flce.testing.assert_close({"grad_x": xs.grad, "grad_w": ws.grad, "grad_bias": bs.grad},
                                   x, w, y, bias=b, grad_loss=scale)
-    assert len(calls) == 2
+    assert len(calls) == (0 if dtype == torch.float32 else 2)
+
+
+def test_float16_gradients_are_not_computed_in_forward(monkeypatch):
+    # A loss scaler's 2^16 times float16 gradients of grad_loss = 1 overflows
+    # (and small ones underflow before the scaling): float16 recomputes, so
+    # the bytes are those of grads_in_forward=False.
+    x, w, b, y, _, _ = make(torch.float16, {}, seed=19)
+    calls = []
+    step = flce.loss_and_grad
+    monkeypatch.setattr(flce, "loss_and_grad", lambda *a, **k: calls.append(1) or step(*a, **k))
+    got = _step(x, w, b, y, 2.0 ** 16)
+    want = _step(x, w, b, y, 2.0 ** 16, grads_in_forward=False)
+    assert not calls
+    for g, e in zip(got[1:], want[1:]):
+        assert torch.isfinite(g.grad).all() and torch.equal(g.grad, e.grad)
 
 
 def test_gradients_in_forward_only_where_backward_takes_them(monkeypatch):
@@ -261,9 +282,8 @@ def test_gradients_in_forward_only_where_backward_takes_them(monkeypatch):
     x, w, b, y, _, _ = make(torch.float32, {}, seed=18)
     loss, xa, wa, ba = _step(x, w, b, y, retain=True)
     first = xa.grad.clone()
-    loss.backward()
-    flce.testing.assert_close({"grad_x": xa.grad / 2}, x, w, y, bias=b)
-    assert not torch.equal(xa.grad, first)  # accumulated: twice the first
+    loss.backward()  # accumulates the recomputed gradient into the first
+    flce.testing.assert_close({"grad_x": xa.grad - first}, x, w, y, bias=b)
 
     calls = []
     step = flce.loss_and_grad

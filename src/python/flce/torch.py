@@ -89,6 +89,14 @@ def _power_of_two(value):
     return math.isfinite(value) and value != 0 and abs(math.frexp(value)[0]) == 0.5
 
 
+def _takes_grads_in_forward(config, wanted, x, w, bias):
+    """Whether forward computes the gradients: asked for, and no float16
+    among x, W and bias, whose gradients of grad_loss = 1 can under- or
+    overflow where a loss scaler's grad_loss brings them into range."""
+    return config.grads_in_forward and bool(wanted) and \
+        all(t.dtype != torch.float16 for t in (x, w, bias) if t is not None)
+
+
 class LinearCrossEntropyFunction(torch.autograd.Function):
     """apply(x [N,H], w, bias or None, labels [N], token_weights or None,
     class_weights or None, config) -> (loss, lse[, entropy]). Use
@@ -103,7 +111,7 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
                     outputs=outputs, out_dtype=out_dtype, **config.options, **config.run)
         wanted = _wanted_grads(ctx, x, w, bias)
         ctx.unit_grads = None
-        if config.grads_in_forward and wanted:
+        if _takes_grads_in_forward(config, wanted, x, w, bias):
             # One training step (where the backend stashes scores, one logits
             # GEMM fewer than forward + backward); backward scales the
             # gradients of grad_loss = 1 by the grad_loss it gets.
@@ -140,12 +148,15 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
         unit, ctx.unit_grads = ctx.unit_grads, None
         if unit is not None and grad_lse is None and grad_entropy is None:
             scale = float(grad_loss)  # 0-d: mean or sum
-            if scale == 1.0 or _power_of_two(scale):
+            # A power of two scales exactly; float32 and float64 gradients
+            # take any other finite scale at one more rounding of their own.
+            wide = all(g is None or g.dtype in (torch.float32, torch.float64) for g in unit)
+            if _power_of_two(scale) or (wide and math.isfinite(scale)):
                 grads = [g if g is None or scale == 1.0 else g.mul_(scale) for g in unit]
                 return tuple(grads) + (None,) * 4
-            warnings.warn(f"flce.torch: the loss was differentiated by {scale:g}, not 1 or a "
-                          "power of two, so the gradients computed in forward were not exact "
-                          "for it and backward computes them again; scale the loss by a power "
+            warnings.warn(f"flce.torch: the loss was differentiated by {scale:g}, not a power of "
+                          "two, so the 16-bit gradients computed in forward would be rounded "
+                          "twice and backward computes them again; scale the loss by a power "
                           "of two, or pass grads_in_forward=False", stacklevel=2)
         if grad_loss is None:  # flce reads an absent grad_loss as ones
             grad_loss = torch.zeros(ctx.loss_shape, dtype=lse.dtype, device=lse.device)
@@ -203,7 +214,9 @@ def _autocast_dtype(device_type):
         if not torch.is_autocast_enabled(device_type):  # torch >= 2.4
             return None
         return torch.get_autocast_dtype(device_type)
-    except (TypeError, AttributeError):  # older torch: one call per device type
+    except (TypeError, AttributeError, RuntimeError):
+        # Older torch (one call per device type), or a device type autocast
+        # does not know (meta): read as off below.
         if device_type == "cuda" and torch.is_autocast_enabled():
             return torch.get_autocast_gpu_dtype()
         if device_type == "cpu" and torch.is_autocast_cpu_enabled():
@@ -238,12 +251,15 @@ def linear_cross_entropy(x, W, y, bias=None, *, class_weights=None, token_weight
     flow into flce's grad_lse and grad_entropy). grads_in_forward: with grad
     mode on, a mean or sum and neither lse nor entropy returned, compute the
     gradients in this call (one flce.loss_and_grad, which saves the backward
-    a logits GEMM where the backend stashes scores) and hand them to
-    backward, scaled by its grad_loss (exact for 1 and powers of two, as
-    loss scalers use; any other grad_loss is recomputed, with a warning:
-    forward's work is then wasted). They take the
-    gradients' memory from this call on, and are wasted if no backward runs:
-    pass False (or run under torch.no_grad()) for a loss only looked at."""
+    a logits GEMM where the backend stashes scores; not with float16 x, W
+    or bias) and hand them to backward, scaled by its grad_loss: exactly by
+    a power of two, as loss scalers use; float32 gradients by any other at
+    one more rounding; 16-bit ones are then recomputed, with a warning, and
+    forward's work is wasted. They are loss_and_grad's bits, which may
+    differ in the last place from a separate backward's. They take the
+    gradients' memory from this call on (outside saved-tensor hooks such as
+    save_on_cpu), and are wasted if no backward runs: pass False (or run
+    under torch.no_grad()) for a loss only looked at."""
     x, W, y = _tensor("x", x), _tensor("W", W), _tensor("y", y)
     if bias is not None:
         bias = _tensor("bias", bias)
