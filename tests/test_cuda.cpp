@@ -52,11 +52,14 @@ std::string gpu_missing() {
   return "no backend named cuda is listed";
 }
 
-#define SKIP_WITHOUT_GPU()                                           \
-  do {                                                               \
-    if (const std::string why = gpu_missing(); !why.empty())         \
-      GTEST_SKIP() << "no GPU for the cuda backend: " << why;        \
+// Skips the test with `what` and the reason where `missing` (an expression
+// giving why the test cannot run, or "") is not "".
+#define SKIP_IF_MISSING(missing, what)                                 \
+  do {                                                                 \
+    if (const std::string why = (missing); !why.empty())              \
+      GTEST_SKIP() << what << why;                                     \
   } while (0)
+#define SKIP_WITHOUT_GPU() SKIP_IF_MISSING(gpu_missing(), "no GPU for the cuda backend: ")
 
 // Score tiles of 8 x 16 and gradient blocks of 16 x 32 (unless a test sets
 // its own): every problem below spans several of each.
@@ -634,18 +637,14 @@ std::string command_output(const std::string& command, int* status) {
 #ifdef FLCE_HAVE_CUDA
 // Why this GPU does not take the fused kernels for a bf16 head, or "".
 std::string fused_missing() {
-  alignas(16) static float none[4] = {};
-  flce::Problem p = step_shapes(8, 64, 16);
-  p.x.data = p.w.data = none;
-  return flce::cuda::sm90::fused_declines(p);
+  return flce::cuda::sm90::fused_declines(step_shapes(8, 64, 16));  // aligned as the TMA needs
 }
 #endif
 
 #define SKIP_WITHOUT_FUSED()                                                        \
   do {                                                                              \
     SKIP_WITHOUT_GPU();                                                             \
-    if (const std::string why = FLCE_FUSED_MISSING(); !why.empty())                 \
-      GTEST_SKIP() << "the fused kernels do not run here: " << why;                \
+    SKIP_IF_MISSING(FLCE_FUSED_MISSING(), "the fused kernels do not run here: ");   \
   } while (0)
 #ifdef FLCE_HAVE_CUDA
 #define FLCE_FUSED_MISSING() fused_missing()
@@ -996,11 +995,7 @@ std::string two_like_gpus_missing() {
   return "";
 }
 
-#define SKIP_WITHOUT_TWO_GPUS()                                            \
-  do {                                                                     \
-    if (const std::string why = two_like_gpus_missing(); !why.empty())     \
-      GTEST_SKIP() << "needs two like GPUs: " << why;                      \
-  } while (0)
+#define SKIP_WITHOUT_TWO_GPUS() SKIP_IF_MISSING(two_like_gpus_missing(), "needs two like GPUs: ")
 
 int current_device() {
   int device = -1;
