@@ -77,6 +77,10 @@ Status run_pass(const Problem& given, Pass pass, const RunConfig& config) {
                    ": the " + status.backend + " backend needs " + std::to_string(need);
     return status;
   }
+  if (workspace == config.workspace) {
+    status.error = check_workspace_aliasing(problem, pass, workspace, need);
+    if (!status.ok()) return status;
+  }
   try {
     status.error = backend->run(problem, pass, config, workspace, &status.stats);
   } catch (const std::exception& e) {  // a failed allocation, a GEMM library's error

@@ -347,6 +347,23 @@ std::string check_devices_and_aliasing(const Problem& p, Pass pass) {
 
 }  // namespace
 
+std::string check_workspace_aliasing(const Problem& p, Pass pass, const void* workspace,
+                                     size_t bytes) {
+  if (workspace == nullptr || bytes == 0) return "";
+  const auto begin = reinterpret_cast<uintptr_t>(workspace);
+  std::vector<Arg> all = inputs_of(p, pass), outs = outputs_of(p, pass);
+  all.insert(all.end(), outs.begin(), outs.end());
+  for (Arg a : all) {
+    if (!a.t->present()) continue;
+    const ByteRange o = bytes_of(*a.t);
+    if (begin < o.end && o.begin < begin + bytes)
+      return format("workspace: its %zu bytes overlap %s in memory; the backend overwrites its "
+                    "workspace, so it may not alias an input or output",
+                    bytes, a.name);
+  }
+  return "";
+}
+
 std::string validate(const Problem& p, Pass pass, Dims* dims) {
   if (pass != Pass::forward && pass != Pass::backward && pass != Pass::loss_and_grad)
     return format("pass: value %d is not forward, backward or loss_and_grad", int(pass));

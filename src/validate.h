@@ -25,6 +25,12 @@ struct Dims {
 // that starts with the argument's name and gives the offending value.
 std::string validate(const Problem& problem, Pass pass, Dims* dims);
 
+// "" unless the first `bytes` of a caller's `workspace` overlap a tensor the
+// call reads or writes (the backend overwrites them); checked once the
+// backend, hence the bytes it uses, is known.
+std::string check_workspace_aliasing(const Problem& problem, Pass pass, const void* workspace,
+                                     size_t bytes);
+
 // The most threads a call may ask for.
 constexpr int kMaxThreads = 4096;
 

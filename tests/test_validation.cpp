@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -166,6 +167,13 @@ class Validation : public ::testing::Test {
   void accept(Call call, const Problem& p, const RunConfig& config = {}) {
     const Status s = call(p, config);
     EXPECT_TRUE(s.ok()) << s.error;
+  }
+  // The workspace bytes loss_and_grad of train() takes under `config`.
+  size_t train_workspace(const RunConfig& config) {
+    size_t need = 0;
+    const Status s = flce::workspace_size(train(), Pass::loss_and_grad, config, &need);
+    EXPECT_TRUE(s.ok()) << s.error;
+    return need;
   }
 };
 
@@ -1010,6 +1018,36 @@ TEST_F(ValidationConfig, WorkspaceTooSmall) {
   EXPECT_NE(n.error.find("bytes"), std::string::npos) << n.error;
 }
 
+// The backend overwrites the first workspace_size() bytes of a caller's
+// scratch: those may not overlap a tensor of the call (bytes past them may).
+TEST_F(ValidationConfig, WorkspaceOverlappingATensorIsRefused) {
+  for (const char* backend : {"reference", "cpu"}) {
+    SCOPED_TRACE(backend);
+    RunConfig config;
+    config.backend = backend;
+    const size_t need = train_workspace(config);
+    ASSERT_GT(need, 8u);
+    // An arena holding the workspace and one tensor of the call: grad_w at
+    // its last 8 of the bytes the backend uses, or x right after them, then
+    // 4 bytes inside them.
+    const size_t floats = (need + 3) / 4;
+    std::vector<float> arena(floats + size_t(N * V * H) * 2 + 2);
+    config.workspace = arena.data();
+    config.workspace_bytes = arena.size() * sizeof(float);
+    Problem p = train();
+    p.grad_w = mat(reinterpret_cast<char*>(arena.data()) + (need - 8) / 8 * 8, Dtype::f64,
+                   p.w.shape[0], p.w.shape[1]);
+    reject(kTrain, p, {"workspace", "overlap grad_w"}, config);
+    p = train();
+    std::copy(x.begin(), x.end(), arena.begin() + std::ptrdiff_t(floats));
+    p.x = mat(arena.data() + floats, Dtype::f32, N, H);
+    accept(kTrain, p, config);
+    std::copy(x.begin(), x.end(), arena.begin() + std::ptrdiff_t(floats - 1));
+    p.x = mat(arena.data() + floats - 1, Dtype::f32, N, H);
+    reject(kTrain, p, {"workspace", "overlap x"}, config);
+  }
+}
+
 // A caller's scratch may start at any address: each backend aligns its
 // pieces inside the bytes workspace_size reports (the reference read doubles
 // at the caller's address, misaligned: UBSan's alignment check, in CI).
@@ -1018,8 +1056,7 @@ TEST_F(ValidationConfig, WorkspaceAtAnyAddress) {
     SCOPED_TRACE(backend);
     RunConfig config;
     config.backend = backend;
-    size_t need = 0;
-    ASSERT_TRUE(flce::workspace_size(train(), Pass::loss_and_grad, config, &need).ok());
+    const size_t need = train_workspace(config);
     std::vector<double> scratch(need / sizeof(double) + 2);
     for (size_t offset : {1, 3, 8}) {
       SCOPED_TRACE(offset);
