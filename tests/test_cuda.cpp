@@ -13,6 +13,7 @@
 #include <random>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/float16.h"
@@ -20,6 +21,7 @@
 #ifdef FLCE_HAVE_CUDA
 #include <cuda_runtime.h>
 
+#include "cuda/device_guard.h"
 #include "cuda/gemm.h"
 #include "cuda/plan.h"
 #include "cuda/sm90/score_gemms.h"
@@ -1068,6 +1070,44 @@ TEST_F(CudaGpu, StreamOrScratchOfAnotherDeviceIsDeclined) {
             std::string::npos) << out.status.error;
   cudaFree(scratch);
   cudaStreamDestroy(stream);
+}
+
+// A process that works on cuda:1 alone and never chose a GPU (each of its
+// threads reads cuda:0 as current, with no context there): a job that runs
+// one such process per GPU. flce's copies and calls on cuda:1 must not
+// create a context on cuda:0 (~500 MB of its memory per process) when they
+// give the thread's GPU back. In a fresh process (a death test re-runs the
+// binary for this test alone), from the main thread and from new ones.
+TEST_F(CudaGpu, CallsOnGpu1CreateNoContextOnGpu0) {
+  SKIP_WITHOUT_TWO_GPUS();
+  const std::string style = GTEST_FLAG_GET(death_test_style);
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto child = [] {
+    if (flce::cuda::has_primary_context(0)) {
+      std::fprintf(stderr, "cuda:0 had a context before any call: the check is void\n");
+      std::_Exit(4);
+    }
+    const Case c = head(50, 16, 300);
+    Request rq;
+    rq.config = cuda();
+    rq.device = 1;
+    std::string errors, context;
+    auto call = [&](const char* how) {
+      const Outputs out = run_library(c.problem(), c.storage(), rq);
+      if (!out.status.ok()) errors += out.status.error + "\n";
+      if (context.empty() && flce::cuda::has_primary_context(0)) context = how;
+    };
+    call("copies and call on the main thread");
+    rq.call_on_new_thread = true;
+    call("the call alone on a thread that never chose a GPU");
+    rq.call_on_new_thread = false;
+    std::thread(call, "copies and call on a thread that never chose a GPU").join();
+    std::fprintf(stderr, "%s", errors.c_str());
+    if (!context.empty()) std::fprintf(stderr, "cuda:0 got a context from: %s\n", context.c_str());
+    std::_Exit(!errors.empty() ? 5 : !context.empty() ? 3 : 0);
+  };
+  EXPECT_EXIT(child(), ::testing::ExitedWithCode(0), "");
+  GTEST_FLAG_SET(death_test_style, style);
 }
 #endif
 

@@ -36,7 +36,8 @@ if(FLCE_HAVE_CUDA)
     ${_flce_cuda_dir}/passes.cpp
     ${_flce_cuda_dir}/gemm.cpp
     ${_flce_cuda_dir}/kernels.cu
-    ${_flce_cuda_dir}/device_copy.cpp)
+    ${_flce_cuda_dir}/device_copy.cpp
+    ${_flce_cuda_dir}/device_guard.cpp)
   # The fused Hopper kernels (src/cuda/sm90/) use wgmma and TMA, which only
   # sm_90a has: their own object library, built for that architecture alone
   # whatever CMAKE_CUDA_ARCHITECTURES says (nvcc 12 or newer). Pass 1's

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <thread>
 #include <utility>
 
 #include <gtest/gtest.h>
@@ -415,11 +416,15 @@ Outputs run_library(const DenseProblem& d, const Storage& st, const Request& rq)
     if (!out.status.ok()) return out;
   }
   const flce::Problem& run = cuda ? on_device.problem() : p;
-  switch (rq.pass) {
-    case flce::Pass::forward: out.status = flce::forward(run, rq.config); break;
-    case flce::Pass::backward: out.status = flce::backward(run, rq.config); break;
-    case flce::Pass::loss_and_grad: out.status = flce::loss_and_grad(run, rq.config); break;
-  }
+  auto call = [&] {
+    switch (rq.pass) {
+      case flce::Pass::forward: out.status = flce::forward(run, rq.config); break;
+      case flce::Pass::backward: out.status = flce::backward(run, rq.config); break;
+      case flce::Pass::loss_and_grad: out.status = flce::loss_and_grad(run, rq.config); break;
+    }
+  };
+  if (rq.call_on_new_thread) std::thread(call).join();
+  else call();
   if (cuda && out.status.ok()) out.status.error = on_device.download(p);
   if (fwd) {
     out.loss = loss.values();

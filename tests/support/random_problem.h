@@ -114,6 +114,7 @@ struct Request {
   bool argmax = true;             // with per_row_outputs: argmax too
   bool gradients = true;          // grad_x, grad_w, grad_bias / grad_logits
   int device = 0;                 // backend "cuda": the GPU that holds the copies
+  bool call_on_new_thread = false;  // the library call (not the copies) on a thread of its own
 };
 
 // Stores `problem` as `storage` says, calls flce::forward/backward/
