@@ -147,6 +147,8 @@ TEST(EvalNpyMap, AgreesWithReadNpyOnGoodAndMalformedFiles) {
       {"0-D", npy_bytes("{'descr': '<f8', 'fortran_order': False, 'shape': ()}", Bytes(8, 1))},
       {"empty", npy_bytes("{'descr': '<i8', 'fortran_order': False, 'shape': (4, 0)}", {})},
       {"trailing bytes", npy_bytes(good, raw_f32({1, 2, 3, 4, 5, 6, 7}))},
+      {"Python 2 longs",
+       npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2L, 3L), }", six)},
       {"int32 native order", npy_bytes("{'descr': '=i4', 'fortran_order': False, 'shape': (6,)}", six)},
       {"empty file", {}},
       {"short", {0x93, 'N', 'U'}},

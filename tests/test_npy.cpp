@@ -306,6 +306,15 @@ TEST(NpyRead, AcceptsNativeAndNotApplicableByteOrder) {
   }
 }
 
+// Python 2's numpy wrote shapes as reprs of longs; numpy 2 still reads them.
+TEST(NpyRead, AcceptsPython2LongShapeEntries) {
+  Bytes file = make_npy(dict("'<f4'", "False", "(2L, 3L)"), raw<float>({1, 2, 3, 4, 5, 6}));
+  NpyArray out;
+  ASSERT_EQ(parse_npy(file.data(), file.size(), "X.npy", &out), "");
+  EXPECT_EQ(out.shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(out.bytes, raw<float>({1, 2, 3, 4, 5, 6}));
+}
+
 TEST(NpyRead, IgnoresTrailingBytes) {
   Bytes file = make_npy(dict("'<f4'", "False", "(2,)"), raw<float>({1, 2, 3}));
   NpyArray out;
@@ -451,6 +460,8 @@ TEST(NpyMalformed, NonIntegerShapeEntry) {
   EXPECT_HAS(header_error(dict("'<f4'", "False", "(2.5, 3)")), "shape entry \"2.5\" is not an integer");
   EXPECT_HAS(header_error(dict("'<f4'", "False", "('a',)")), "shape entry \"'a'\" is not an integer");
   EXPECT_HAS(header_error(dict("'<f4'", "False", "(None,)")), "shape entry \"None\" is not an integer");
+  EXPECT_HAS(header_error(dict("'<f4'", "False", "(L,)")), "shape entry \"L\" is not an integer");
+  EXPECT_HAS(header_error(dict("'<f4'", "False", "(3LL,)")), "shape entry \"3LL\" is not an integer");
 }
 
 TEST(NpyMalformed, ShapeOverflowsInt64) {

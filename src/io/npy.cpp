@@ -208,15 +208,18 @@ std::string parse_bool(Cursor& c, bool* value) {
   return "the value of 'fortran_order' is not True or False: " + snippet(rest);
 }
 
-// One entry of the shape tuple: a non-negative decimal integer.
+// One entry of the shape tuple: a non-negative decimal integer, maybe with
+// Python 2's long suffix ("(4L, 8L)"), which numpy still reads.
 std::string parse_dim(std::string_view token, int64_t* value) {
-  std::string shown(token);
+  const std::string_view written = token;
+  const std::string shown(written);
+  if (token.size() > 1 && token.back() == 'L') token.remove_suffix(1);
   bool negative = token[0] == '-';
   std::string_view digits = negative ? token.substr(1) : token;
   bool all_digits = !digits.empty();
   for (char ch : digits) all_digits = all_digits && ch >= '0' && ch <= '9';
   if (!all_digits)
-    return "shape entry " + snippet(token) + " is not an integer";
+    return "shape entry " + snippet(written) + " is not an integer";
   if (negative) return "shape entry " + shown + " is negative";
   int64_t v = 0;
   for (char ch : digits) {

@@ -117,6 +117,7 @@ bool scan_shape(std::string_view t, std::vector<int64_t>* shape) {
       ++pos;
     }
     if (pos == start) return false;
+    if (pos < t.size() && t[pos] == 'L') ++pos;  // Python 2's long suffix
     shape->push_back(v);
     skip();
     if (pos < t.size() && t[pos] == ',') ++pos;
