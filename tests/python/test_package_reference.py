@@ -27,7 +27,11 @@ DEFAULT_PYTHONPATH = os.path.normpath(
 
 
 def import_flce():
-    """flce, imported from the build tree, or a module-level skip."""
+    """flce, imported from the build tree; a module-level skip where no path
+    was named and build/python has no module, but a failure where
+    $FLCE_PYTHONPATH names the build (ctest does): a module that was built
+    and does not load (an undefined symbol, another Python) must not read as
+    a passing run."""
     path = os.environ.get("FLCE_PYTHONPATH", DEFAULT_PYTHONPATH)
     if path not in sys.path:
         sys.path.insert(0, path)
@@ -36,6 +40,9 @@ def import_flce():
         import flce.testing  # noqa: F401
         import flce.torch  # noqa: F401
     except ImportError as exc:
+        if "FLCE_PYTHONPATH" in os.environ:
+            raise ImportError(f"FLCE_PYTHONPATH={path}: flce's Python module does not import "
+                              f"from there ({exc})") from exc
         pytest.skip(f"flce's Python module is not importable from {path!r} ({exc}); build it "
                     f"(cmake -S . -B build -DPython3_EXECUTABLE=/usr/bin/python3 && cmake "
                     f"--build build) or set FLCE_PYTHONPATH", allow_module_level=True)

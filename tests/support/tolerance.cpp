@@ -489,7 +489,7 @@ bool same_nonfinite(double a, double b) {
       if (!same_nonfinite(a, e) && mismatches++ == 0) first_mismatch = at;
       continue;
     }
-    if (std::isnan(bound)) {
+    if (!std::isfinite(bound)) {  // NaN, or +inf, which would accept anything
       if (bad_bounds++ == 0) first_bad_bound = at;
       continue;
     }
