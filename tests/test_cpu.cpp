@@ -667,23 +667,55 @@ TEST(CpuFlush, SubnormalDlogitsReachTheGradientGemmsAsZero) {
   EXPECT_LT(gz[1], std::numeric_limits<float>::min());
 }
 
-// Each thread's bf16 copy of a tile of G (Workspace::g16_tiles, [R, 512]
-// a thread) shares the vocabulary-outer cut's budget with the super-block's
-// scores: with more threads R shrinks (the copies took 1 GiB of a bf16
-// backward at 128 threads).
-TEST_F(CpuVocabOuter, PerThreadCopiesOfGFitTheBudget) {
+// The bf16 copies of G's tiles (Workspace::g16_tiles, [R, 512] each) share
+// the vocabulary-outer cut's budget with the super-block's scores, and the
+// cut is the same for any thread count: R is the K of grad_W's products and
+// the chunk decides which tiles share a grad_x product, so a cut that moved
+// with the threads changed the bits (one copy per thread did; and took
+// 1 GiB of a bf16 backward at 128 threads before it counted in the budget).
+TEST_F(CpuVocabOuter, CopiesOfGFitTheBudgetAndTheCutIgnoresThreads) {
   flce::Problem p = step_shapes(16384, 64, 999);
   p.x.dtype = p.w.dtype = Dtype::bf16;
   p.options.grad_logits_dtype = flce::GradLogitsDtype::storage;
-  for (int threads : {2, 8, 128}) {
+  const flce::cpu::Plan first = flce::cpu::make_plan(p, Pass::backward, cpu(1));
+  for (int threads : {1, 2, 8, 128}) {
     SCOPED_TRACE(threads);
     const flce::cpu::Plan plan = flce::cpu::make_plan(p, Pass::backward, cpu(threads));
     ASSERT_TRUE(plan.vocab_outer);
     if (plan.grad_gemm != Dtype::bf16) GTEST_SKIP() << "no bf16 GEMM on this machine: no copies of G";
+    EXPECT_EQ(plan.row_block, first.row_block);
+    EXPECT_EQ(plan.chunk_tiles, first.chunk_tiles);
     const int64_t scores = plan.row_block * plan.chunk_tiles * kTile * 4;
-    const int64_t copies = int64_t(threads) * plan.row_block * kTile * 2;
+    const int64_t copies = plan.chunk_tiles * plan.row_block * kTile * 2;
     EXPECT_LE(scores + copies, flce::cpu::kScoreBudgetBytes);
   }
+}
+
+// The same, in bits: a bf16 backward with bf16 dlogits whose automatic cut
+// is bound by a small budget (FLCE_CPU_SCORE_MIB=2: super-blocks of 256 or
+// 512 rows), at 1, 2, 3 and 8 threads.
+TEST_F(CpuVocabOuter, AutomaticCutSameBitsForAnyThreadCount) {
+  setenv("FLCE_CPU_SCORE_MIB", "2", 1);
+  const Case c = head(512, 64, 16 * kTile).stored_as(Dtype::bf16).softcap(3).with_grad_lse()
+                     .grad_logits(GradLogitsDtype::storage).gradients_as(Dtype::bf16);
+  flce::Problem shapes = step_shapes(512, 64, 16 * kTile);
+  shapes.x.dtype = shapes.w.dtype = Dtype::bf16;
+  shapes.options.grad_logits_dtype = flce::GradLogitsDtype::storage;
+  const bool vocab_outer = flce::cpu::make_plan(shapes, Pass::backward, cpu(1)).vocab_outer;
+  Request rq;
+  rq.pass = Pass::forward;
+  rq.config = cpu(1);
+  rq.saved_lse = run_library(c.problem(), c.storage(), rq).lse;
+  rq.pass = Pass::backward;
+  const Outputs one = run_library(c.problem(), c.storage(), rq);
+  ASSERT_TRUE(one.status.ok()) << one.status.error;
+  for (int threads : {2, 3, 8}) {
+    SCOPED_TRACE(threads);
+    rq.config = cpu(threads);
+    expect_identical_outputs(run_library(c.problem(), c.storage(), rq), one);
+  }
+  unsetenv("FLCE_CPU_SCORE_MIB");
+  EXPECT_TRUE(vocab_outer) << "the case meant to take the vocabulary-outer order did not";
 }
 
 // grad_x's two task splits of a rows-outer step (Plan::grad_x_vocab_split),

@@ -84,12 +84,15 @@ struct VocabOuterCut {
 // each later one; f32 grad_x [R, H] likewise per vocab chunk.
 double accumulator_traffic(double elements, int64_t passes) { return 4 * elements * double(2 * passes - 1); }
 
-VocabOuterCut cut_vocab_outer(const Dims& d, int64_t tiles, int64_t row_bytes, int64_t budget) {
+// `score_bytes`: the workspace a score of the chunk takes (4 for its f32,
+// plus 2 where each tile has a bf16 copy of its G).
+VocabOuterCut cut_vocab_outer(const Dims& d, int64_t tiles, int64_t row_bytes, int64_t score_bytes,
+                              int64_t budget) {
   VocabOuterCut best;
   for (int64_t r = kMaxRowBlock;; r += kMaxRowBlock) {
     const int64_t rows = std::min(r, d.n);
     const int64_t room = budget / rows - row_bytes;  // per row, for scores
-    const int64_t chunk = std::min(room / (4 * kVocabTile), tiles);
+    const int64_t chunk = std::min(room / (score_bytes * kVocabTile), tiles);
     if (chunk < 1) break;  // more rows fit even fewer scores
     const int64_t blocks = (d.n + rows - 1) / rows, chunks = (tiles + chunk - 1) / chunk;
     const double traffic = accumulator_traffic(double(d.v) * double(d.h), blocks) +
@@ -136,13 +139,16 @@ void choose_grad_order(const Problem& p, Plan* plan) {
   const bool no_stats = plan->pass == Pass::backward && !p.grad_entropy.present();
   const int64_t x_bytes = int64_t(dtype_size(plan->logits_gemm)) +
                           (plan->grad_gemm != plan->logits_gemm ? int64_t(dtype_size(plan->grad_gemm)) : 0);
-  // Per row: x, grad_x, row scalars, and each thread's bf16 copy of a tile
-  // of G (Workspace::g16_tiles, [R, kVocabTile] a thread).
-  const int64_t row_bytes = d.h * (x_bytes + 4) + int64_t(sizeof(RowInfo)) +
-                            (g16_copies(*plan, p) ? plan->threads * kVocabTile * 2 : 0);
+  // Per row: x, grad_x and row scalars; per score, its f32 and each tile's
+  // bf16 copy of G (Workspace::g16_tiles, [R, kVocabTile] a tile of the
+  // chunk). Nothing here depends on the thread count: R is the K of grad_W's
+  // products and the chunk decides which tiles share a grad_x product, so
+  // the bits would.
+  const int64_t row_bytes = d.h * (x_bytes + 4) + int64_t(sizeof(RowInfo));
+  const int64_t score_bytes = 4 + (g16_copies(*plan, p) ? 2 : 0);
   const VocabOuterCut cut =
       forced.rows > 0 ? VocabOuterCut{std::min(forced.rows, d.n), std::min(forced.chunk_tiles, plan->tiles), 0}
-                      : cut_vocab_outer(d, plan->tiles, row_bytes, score_budget_bytes());
+                      : cut_vocab_outer(d, plan->tiles, row_bytes, score_bytes, score_budget_bytes());
   if (cut.rows == 0) return;  // not even one piece and one tile fit the budget
   // Stashed, vocab outer costs three GEMMs, as rows outer does, with no
   // grad_W accumulator traffic when one super-block holds every row.
@@ -373,8 +379,11 @@ Sizes sizes_of(const Plan& plan, const Problem& p) {
   s.bytes[19] = plan.packed_scores ? size_t(plan.threads) * size_t(R * kVocabTile) * 4 : 0;
   s.bytes[20] = plan.packed_scores ? size_t(R * plan.tiles) * 4 : 0;
   // (With packed scores, the f32 tiles of piece 19 serve: free by then.)
+  // One copy per tile of a vocab-outer chunk (the cut counted them), else
+  // one per thread (rows outer: R <= kMaxRowBlock).
   s.bytes[21] = g16_copies(plan, p) && !plan.packed_scores
-                    ? size_t(plan.threads) * size_t(R * kVocabTile) * 2
+                    ? size_t(plan.vocab_outer ? plan.chunk_tiles : plan.threads) *
+                          size_t(R * kVocabTile) * 2
                     : 0;
   s.bytes[22] = plan.grad_w_packed_x ? plan.gemm->packed_b_bytes(grad_w_tile_args(plan, p, R, kVocabTile)) : 0;
   return s;

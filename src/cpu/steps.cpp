@@ -361,11 +361,13 @@ void grad_w_gemm(const Context& c, const void* G, int64_t ldg, int64_t rows, int
   plan.gemm->run(g);
 }
 
-// The thread's [R, kVocabTile] buffer for a copy of a tile's bf16 G
-// (Workspace::g16_tiles), or null where G is not bf16 or there is no grad_W.
-uint16_t* thread_g16_tile(const Context& c) {
+// The [R, kVocabTile] buffer for a copy of tile t's bf16 G
+// (Workspace::g16_tiles): the tile's own in a vocab-outer chunk, else the
+// thread's; null where G is not bf16 or there is no grad_W.
+uint16_t* g16_tile(const Context& c, int64_t t) {
   if (!c.ws.g16_tiles) return nullptr;
-  return c.ws.g16_tiles + int64_t(omp_get_thread_num()) * c.plan.row_block * kVocabTile;
+  const int64_t slot = c.plan.vocab_outer ? t % c.plan.chunk_tiles : int64_t(omp_get_thread_num());
+  return c.ws.g16_tiles + slot * c.plan.row_block * kVocabTile;
 }
 
 // A tile's rows of codes (Plan::packed_scores) lie a block row (2 V bytes)
@@ -391,7 +393,7 @@ void tile_grads(const Context& c, const ScoreBlock& blk, int64_t i0, int64_t row
   const Problem& p = c.p;
   const int64_t j0 = t * kVocabTile, n = tile_width(plan, t);
   alignas(64) float unpacked[kVocabTile];
-  uint16_t* const g16 = thread_g16_tile(c);
+  uint16_t* const g16 = g16_tile(c, t);
   // Whether grad_x's GEMMs read bf16 G from the block afterwards (not from
   // the compact copy, Plan::grad_x_by_tile).
   const bool g_in_block = p.grad_x.present() && !plan.grad_x_by_tile;
@@ -467,7 +469,7 @@ void grad_x_tile_gemm(const Context& c, int64_t rows, int64_t t, bool first, flo
   GemmArgs g{};
   g.m = rows, g.n = H, g.k = n;
   g.ab_dtype = plan.grad_gemm;
-  g.a = thread_g16_tile(c), g.lda = kVocabTile, g.trans_a = false;
+  g.a = g16_tile(c, t), g.lda = kVocabTile, g.trans_a = false;
   g.b = w.data, g.ldb = w.ld, g.trans_b = !w.vocab_major;
   g.c = part, g.ldc = H, g.beta = first ? 0.0f : 1.0f;
   plan.gemm->run(g);
