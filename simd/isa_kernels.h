@@ -41,10 +41,13 @@
 //                  added to C (or 0) in order of k by one vdpbf16ps step, so its
 //                  bits do not depend on m, n or where the caller splits them.
 //                  AVX-512 with AVX512-BF16 only (bf16_gemm_tn__avx512bf16.cpp).
-//  pack_scores     d = f16(clamp(ref - s)): the f32 difference rounded to f16,
-//                  nearest even; a finite difference is first clamped to
-//                  [-65504, 65504], an infinite one stays infinite, NaN stays
-//                  NaN. unpack_scores: s = ref - f32(d). AVX-512, and AVX2
+//  pack_scores     d = f16(max(ref - s, -65504)): the f32 difference rounded
+//                  to f16, nearest even; a finite difference below -65504 is
+//                  raised to it (ref 0 where the max is infinite), one of
+//                  65520 or more overflows to +inf (s reads back as -inf,
+//                  whose p is 0, as that s's is: a clamp to 65504 read back
+//                  as ref once |ref| >= 2^40), an infinite one stays infinite,
+//                  NaN stays NaN. unpack_scores: s = ref - f32(d). AVX-512, and AVX2
 //                  where the CPU has F16C (f32_pack_scores__<isa>.cpp;
 //                  vcvtps2ph).
 #pragma once

@@ -249,11 +249,12 @@ TEST_P(SimdKernels, GemmTnBf16Sweep) {
 }
 
 // pack_scores / unpack_scores (isa_kernels.h): every code is the f16 of the
-// f32 difference ref - s, clamped to +-65504 where finite, rounded as
+// f32 difference ref - s, raised to -65504 where finite, rounded as
 // flce::f32_to_f16 rounds (nearest even), and unpacking gives ref minus it
 // in f32. Lengths 1 .. 70 and 513 at every offset within a 64-byte line, over
 // scores around ref (normal and subnormal f16 differences, ties, overflow)
-// and the non-finite ones; ref 0 with +inf (a row whose max is infinite).
+// and the non-finite ones; ref 0 with +inf (a row whose max is infinite);
+// ref 2^41, where ref - 65504 is ref again in f32.
 TEST_P(SimdKernels, PackScoresSweep) {
   SIMD_REQUIRE_SET(ks);
   if (!ks->pack_scores) GTEST_SKIP() << GetParam() << " has no pack_scores: the cpu backend keeps f32 scores";
@@ -261,13 +262,14 @@ TEST_P(SimdKernels, PackScoresSweep) {
   std::uniform_real_distribution<float> below(-80.0f, 0.0f);
   const float kInf = std::numeric_limits<float>::infinity();
   const float special[] = {0.0f, -0x1p-20f, -0x1p-14f, -0x1.002p-3f, -65504.0f, -65519.0f, -65520.0f,
-                           -1e30f, -kInf, kInf, std::numeric_limits<float>::quiet_NaN()};
+                           -1e30f, -kInf, kInf, std::numeric_limits<float>::quiet_NaN(),
+                           -0x1p41f};  // s = 0 at ref 2^41: far below, not at ref
   const size_t kSpecial = sizeof(special) / sizeof(float);
   int failures = 0;
   std::vector<int64_t> lengths;
   for (int64_t n = 1; n <= 70; ++n) lengths.push_back(n);
   lengths.push_back(513);
-  for (float ref : {3.5f, 0.0f, -1000.25f})
+  for (float ref : {3.5f, 0.0f, -1000.25f, 0x1p41f})
     for (int64_t n : lengths)
       for (int64_t offset = 0; offset < 16; offset += (n > 70 ? 5 : 1)) {
         std::vector<float> s(size_t(n + offset)), back(size_t(n + offset) + 1, 7.0f);
@@ -281,7 +283,7 @@ TEST_P(SimdKernels, PackScoresSweep) {
         ks->unpack_scores(d.data() + offset, n, ref, back.data() + offset);
         for (int64_t i = 0; i < n; ++i) {
           const float x = ref - s[size_t(offset + i)];
-          const float clamped = std::isfinite(x) ? std::clamp(x, -65504.0f, 65504.0f) : x;
+          const float clamped = std::isfinite(x) ? std::max(x, -65504.0f) : x;
           const uint16_t want = flce::f32_to_f16(clamped);
           const uint16_t got = d[size_t(offset + i)];
           const float want_back = ref - flce::f16_to_f32(want);

@@ -16,10 +16,11 @@ constexpr float kF16Max = 65504.0f;
 
 inline __m128i pack8(__m256 s, __m256 ref) {
   const __m256 x = _mm256_sub_ps(ref, s);
-  // Finite lanes (|x| < inf, ordered) clamped to +-65504; inf and NaN as they are.
+  // Finite lanes (|x| < inf, ordered) raised to -65504 (ref 0 beside an
+  // infinite max); inf and NaN as they are.
   const __m256 abs = _mm256_andnot_ps(splat(-0.0f), x);
   const __m256 finite = _mm256_cmp_ps(abs, splat(detail::kInf), _CMP_LT_OQ);
-  const __m256 clamped = _mm256_min_ps(_mm256_max_ps(x, splat(-kF16Max)), splat(kF16Max));
+  const __m256 clamped = _mm256_max_ps(x, splat(-kF16Max));
   return _mm256_cvtps_ph(_mm256_blendv_ps(x, clamped, finite), _MM_FROUND_TO_NEAREST_INT);
 }
 

@@ -1,7 +1,8 @@
 // pack_scores and unpack_scores, AVX-512 (isa_kernels.h has the semantics):
-// d = f16(ref - s), finite differences clamped to the f16 range, and back,
-// s = ref - f32(d). vcvtps2ph rounds to nearest even (imm 0) and keeps NaN
-// a NaN and an infinity infinite.
+// d = f16(ref - s), finite differences below -65504 raised to it, and back,
+// s = ref - f32(d). vcvtps2ph rounds to nearest even (imm 0), overflows to
+// +inf (a score that far below ref reads back as -inf: p = 0, as exactly)
+// and keeps NaN a NaN and an infinity infinite.
 #include "simd/avx512/vmath_avx512.h"
 #include "simd/common.h"
 #include "simd/isa_kernels.h"
@@ -15,9 +16,10 @@ constexpr float kF16Max = 65504.0f;
 
 inline __m256i pack16(__m512 s, __m512 ref) {
   const __m512 x = _mm512_sub_ps(ref, s);
-  // Finite lanes (|x| < inf, ordered) clamped to +-65504; inf and NaN as they are.
+  // Finite lanes (|x| < inf, ordered) raised to -65504 (ref 0 beside an
+  // infinite max); inf and NaN as they are.
   const __mmask16 finite = _mm512_cmp_ps_mask(_mm512_abs_ps(x), splat(detail::kInf), _CMP_LT_OQ);
-  const __m512 clamped = _mm512_min_ps(_mm512_max_ps(x, splat(-kF16Max)), splat(kF16Max));
+  const __m512 clamped = _mm512_max_ps(x, splat(-kF16Max));
   return _mm512_cvtps_ph(_mm512_mask_mov_ps(x, finite, clamped), _MM_FROUND_TO_NEAREST_INT);
 }
 
