@@ -23,6 +23,19 @@ inline bool is_nan(float v) { return __builtin_isnan(v); }
 // sum_exp = +inf, a state that has seen only -inf (or nothing) has zero sums).
 inline float shift_of(float max) { return is_finite(max) ? max : 0.0f; }
 
+// The kernels' element copies, fills and minima: std::copy_n, std::fill and
+// std::min would be instantiated with external linkage (weak symbols at -O0),
+// which the rule above forbids.
+template <class T>
+inline void copy_elements(const T* src, int64_t n, T* dst) {
+  if (n > 0) __builtin_memcpy(dst, src, static_cast<unsigned long>(n) * sizeof(T));
+}
+template <class T>
+inline void fill_elements(T* begin, T* end, T value) {
+  for (T* p = begin; p < end; ++p) *p = value;
+}
+inline int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
+
 // Lower of two indices where -1 means "none".
 inline int64_t min_index(int64_t a, int64_t b) {
   if (a < 0) return b;

@@ -32,10 +32,10 @@
 // step, so a result does not depend on how the caller splits m or n.
 #include <immintrin.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
+#include "simd/common.h"
 #include "simd/isa_kernels.h"
 
 namespace flce::simd {
@@ -100,9 +100,9 @@ void micro_tile(int64_t kp, const uint16_t* ap, const uint16_t* bp, float* c, in
 void edge_tile(int64_t kp, const uint16_t* ap, const uint16_t* bp, float* c, int64_t ldc,
                bool accumulate, int rows, int64_t cols) {
   alignas(64) float tile[kMR * kNR] = {};
-  for (int i = 0; i < rows && accumulate; ++i) std::copy_n(c + i * ldc, cols, tile + i * kNR);
+  for (int i = 0; i < rows && accumulate; ++i) detail::copy_elements(c + i * ldc, cols, tile + i * kNR);
   micro_tile<3>(kp, ap, bp, tile, kNR, true, nullptr);
-  for (int i = 0; i < rows; ++i) std::copy_n(tile + i * kNR, cols, c + i * ldc);
+  for (int i = 0; i < rows; ++i) detail::copy_elements(tile + i * kNR, cols, c + i * ldc);
 }
 
 // Up to 32 bf16 from row[0 .. w), zeros after (and for a missing row).
@@ -129,7 +129,7 @@ inline __m512i pairs_hi(__m512i r0, __m512i r1) {
 void pack_b(int64_t k, const uint16_t* b, int64_t ldb, int64_t cols, uint16_t* bp) {
   const int64_t kp = (k + 1) / 2;
   for (int64_t jb = 0; jb < cols; jb += kNR) {
-    const int64_t w = std::min<int64_t>(kNR, cols - jb);
+    const int64_t w = detail::min_i64(kNR, cols - jb);
     for (int64_t p = 0; p < kp; ++p, bp += 2 * kNR) {
       const uint16_t* r0 = b + 2 * p * ldb + jb;
       const uint16_t* r1 = 2 * p + 1 < k ? r0 + ldb : nullptr;
@@ -173,13 +173,13 @@ void gemm_tn_rows(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t ld
   const int64_t kp = (k + 1) / 2, strips = (m + kMR - 1) / kMR;
   pack_a(k, m, a, lda, ap);
   for (int64_t n0 = 0; n0 < n; n0 += kPanelCols) {
-    const int64_t panel = std::min(kPanelCols, n - n0);
+    const int64_t panel = detail::min_i64(kPanelCols, n - n0);
     pack_b(k, b + n0, ldb, panel, bp);
     for (int64_t s = 0; s < strips; ++s) {
-      const int rows = int(std::min<int64_t>(kMR, m - s * kMR));
+      const int rows = int(detail::min_i64(kMR, m - s * kMR));
       const uint16_t* as = ap + s * strip_stride(kp);
       for (int64_t jb = 0; jb < panel; jb += kNR) {
-        const int64_t cols = std::min<int64_t>(kNR, panel - jb);
+        const int64_t cols = detail::min_i64(kNR, panel - jb);
         float* ct = c + s * kMR * ldc + n0 + jb;
         const uint16_t* bt = bp + jb * 2 * kp;
         const bool last_col = jb + kNR >= panel;
@@ -210,9 +210,9 @@ void bf16_gemm_tn__avx512bf16(int64_t m, int64_t n, int64_t k, const uint16_t* a
   constexpr int64_t kDepth = 2 * kPackPairs;
   int64_t k0 = 0;
   do {
-    const int64_t kc = std::min(kDepth, k - k0);
+    const int64_t kc = detail::min_i64(kDepth, k - k0);
     for (int64_t i0 = 0; i0 < m; i0 += kPackRows)
-      gemm_tn_rows(std::min(kPackRows, m - i0), n, kc, a + k0 * lda + i0, lda, b + k0 * ldb, ldb,
+      gemm_tn_rows(detail::min_i64(kPackRows, m - i0), n, kc, a + k0 * lda + i0, lda, b + k0 * ldb, ldb,
                    c + i0 * ldc, ldc, accumulate || k0 > 0, ap, bp);
     k0 += kDepth;
   } while (k0 < k);

@@ -25,9 +25,9 @@
 // multiply-adds, so a result does not depend on how the caller splits m or n.
 #include <immintrin.h>
 
-#include <algorithm>
 #include <cstdint>
 
+#include "simd/common.h"
 #include "simd/isa_kernels.h"
 
 namespace flce::simd {
@@ -96,18 +96,18 @@ void micro_tile(int64_t k, const float* ap, const float* bp, float* c, int64_t l
 void edge_tile(int64_t k, const float* ap, const float* bp, float* c, int64_t ldc, bool accumulate,
                int rows, int64_t cols) {
   alignas(64) float tile[kMR * kNR] = {};
-  for (int i = 0; i < rows && accumulate; ++i) std::copy_n(c + i * ldc, cols, tile + i * kNR);
+  for (int i = 0; i < rows && accumulate; ++i) detail::copy_elements(c + i * ldc, cols, tile + i * kNR);
   micro_tile(k, ap, bp, tile, kNR, true, nullptr);
-  for (int i = 0; i < rows; ++i) std::copy_n(tile + i * kNR, cols, c + i * ldc);
+  for (int i = 0; i < rows; ++i) detail::copy_elements(tile + i * kNR, cols, c + i * ldc);
 }
 
 // Bp = B[0..k, j0 .. j0+cols) as ceil(cols / 64) blocks of [k, 64], zero-padded.
 void pack_b(int64_t k, const float* b, int64_t ldb, int64_t cols, float* bp) {
   for (int64_t jb = 0; jb < cols; jb += kNR) {
-    const int64_t w = std::min<int64_t>(kNR, cols - jb);
+    const int64_t w = detail::min_i64(kNR, cols - jb);
     for (int64_t p = 0; p < k; ++p, bp += kNR) {
-      std::copy_n(b + p * ldb + jb, w, bp);
-      std::fill(bp + w, bp + kNR, 0.0f);
+      detail::copy_elements(b + p * ldb + jb, w, bp);
+      detail::fill_elements(bp + w, bp + kNR, 0.0f);
     }
   }
 }
@@ -119,9 +119,9 @@ void pack_a(int64_t k, int64_t m, const float* a, int64_t lda, float* ap) {
   for (int64_t p = 0; p < k; ++p) {
     for (int64_t s = 0; s < strips; ++s) {
       float* dst = ap + (s * k + p) * kMR;
-      const int64_t w = std::min<int64_t>(kMR, m - s * kMR);
-      std::copy_n(a + p * lda + s * kMR, w, dst);
-      std::fill(dst + w, dst + kMR, 0.0f);
+      const int64_t w = detail::min_i64(kMR, m - s * kMR);
+      detail::copy_elements(a + p * lda + s * kMR, w, dst);
+      detail::fill_elements(dst + w, dst + kMR, 0.0f);
     }
   }
 }
@@ -132,12 +132,12 @@ void gemm_tn_rows(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, 
   const int64_t strips = (m + kMR - 1) / kMR;
   pack_a(k, m, a, lda, ap);
   for (int64_t n0 = 0; n0 < n; n0 += kPanelCols) {
-    const int64_t panel = std::min(kPanelCols, n - n0);
+    const int64_t panel = detail::min_i64(kPanelCols, n - n0);
     pack_b(k, b + n0, ldb, panel, bp);
     for (int64_t s = 0; s < strips; ++s) {
-      const int rows = int(std::min<int64_t>(kMR, m - s * kMR));
+      const int rows = int(detail::min_i64(kMR, m - s * kMR));
       for (int64_t jb = 0; jb < panel; jb += kNR) {
-        const int64_t cols = std::min<int64_t>(kNR, panel - jb);
+        const int64_t cols = detail::min_i64(kNR, panel - jb);
         float* ct = c + s * kMR * ldc + n0 + jb;
         const float* bt = bp + jb * k;
         const bool last_col = jb + kNR >= panel;
@@ -162,9 +162,9 @@ void f32_gemm_tn__avx512(int64_t m, int64_t n, int64_t k, const float* a, int64_
   // same bits as one pass. k = 0 still makes one pass (C = 0 or kept).
   int64_t k0 = 0;
   do {
-    const int64_t kc = std::min(kPackDepth, k - k0);
+    const int64_t kc = detail::min_i64(kPackDepth, k - k0);
     for (int64_t i0 = 0; i0 < m; i0 += kPackRows)
-      gemm_tn_rows(std::min(kPackRows, m - i0), n, kc, a + k0 * lda + i0, lda, b + k0 * ldb, ldb,
+      gemm_tn_rows(detail::min_i64(kPackRows, m - i0), n, kc, a + k0 * lda + i0, lda, b + k0 * ldb, ldb,
                    c + i0 * ldc, ldc, accumulate || k0 > 0, ap, bp);
     k0 += kPackDepth;
   } while (k0 < k);
