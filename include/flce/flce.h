@@ -97,7 +97,8 @@ struct RunConfig {
   void* stream = nullptr;
   // Optional caller-owned scratch of at least workspace_size() bytes, in the
   // memory of the tensors' device (host memory for cpu and reference, device
-  // memory for cuda). When null the backend allocates what it needs for the
+  // memory for cuda), overlapping no tensor of the call (refused: the backend
+  // overwrites it). When null the backend allocates what it needs for the
   // duration of the call.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
