@@ -25,7 +25,8 @@ def rows_of(report):
     rows = []
     for b in report["benchmarks"]:
         m = NAME.match(b["name"])
-        if not m or b.get("error_occurred"):
+        # --benchmark_repetitions adds _mean, _median, ... rows: not runs.
+        if not m or b.get("error_occurred") or b.get("run_type") == "aggregate":
             continue
         to_ms = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}[b["time_unit"]]
         mean_ms = b["real_time"] * to_ms
@@ -44,7 +45,14 @@ def rows_of(report):
     return rows
 
 
-def markdown(rows, context):
+def failures(report):
+    """(name, message) of every benchmark that reported an error (out of
+    memory, say): they have no row, so the report names them."""
+    return [(b["name"], b.get("error_message", "")) for b in report["benchmarks"]
+            if b.get("error_occurred")]
+
+
+def markdown(rows, context, failed=()):
     out = [f"Machine: {context.get('num_cpus')} CPUs, {context.get('host_name')}, "
            f"load average {context.get('load_avg')}, {context.get('date')}.", "",
            "| shape | dtype | pass | threads | ms | tokens/s | GFLOP/s | ratio to GEMM | peak extra MiB |",
@@ -54,6 +62,8 @@ def markdown(rows, context):
                    f"{r['tokens_per_s']:.0f} | {r['gflops']:.1f} | "
                    f"{'-' if r['ratio'] is None else format(r['ratio'], '.3f')} | "
                    f"{r['extra_mb']:.1f} |")
+    if failed:
+        out += ["", "Failed, so not in the table:"] + [f"- {name}: {msg}" for name, msg in failed]
     return "\n".join(out) + "\n" + scaling(rows)
 
 
@@ -109,10 +119,11 @@ def main():
     args = parser.parse_args()
     with open(args.json) as f:
         report = json.load(f)
-    rows = rows_of(report)
+    rows, failed = rows_of(report), failures(report)
     if not rows:
-        sys.exit(f"report.py: {args.json} holds no flce/... benchmarks")
-    table = markdown(rows, report.get("context", {}))
+        sys.exit(f"report.py: {args.json} holds no flce/... benchmarks"
+                 + "".join(f"\n  failed: {name}: {msg}" for name, msg in failed))
+    table = markdown(rows, report.get("context", {}), failed)
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(table)
@@ -120,6 +131,8 @@ def main():
         sys.stdout.write(table)
     if args.png:
         chart(rows, args.png)
+    if failed:
+        sys.exit(f"report.py: {len(failed)} benchmark(s) failed (listed under the table)")
 
 
 if __name__ == "__main__":

@@ -7,8 +7,9 @@
 #
 # Environment (defaults in brackets): N [2000000], H [256], V [32000],
 # SLICE [50000] rows compared with `flce run`, WORK [/tmp/flce_scale_check]
-# for the data (about 2.1 GB), BLOCK [4096] for --block-rows, KEEP=1 to keep
-# the data afterwards, RSS_LIMIT_MIB [512].
+# where a fresh folder for the data (about 2.1 GB) is made, BLOCK [4096] for
+# --block-rows, KEEP=1 to keep that folder afterwards (only it is ever
+# removed, never WORK), RSS_LIMIT_MIB [512].
 #
 # The data is made with Debian's /usr/bin/python3 and numpy through
 # np.lib.format.open_memmap, in chunks, so making it does not need 2 GB of
@@ -39,6 +40,7 @@ RSS_LIMIT_MIB="${RSS_LIMIT_MIB:-512}"
 "$py" -c 'import numpy' || { echo "needs $py with numpy" >&2; exit 2; }
 
 mkdir -p "$WORK"
+WORK=$(mktemp -d "$WORK/data.XXXXXX")  # this run's own: the only folder removed
 cleanup() { [ "${KEEP:-0}" = 1 ] || rm -rf "$WORK"; }
 trap cleanup EXIT
 echo "== data: N=$N H=$H V=$V in $WORK ($(df -h --output=avail "$WORK" | tail -1 | tr -d ' ') free)"
