@@ -946,6 +946,35 @@ TEST_F(CudaGpu, CallersStreamAndScratchGiveTheSameBytes) {
   cudaFree(scratch);
   cudaStreamDestroy(stream);
 }
+
+// Whatever a caller's scratch held before gives the same bytes: the fused
+// kernels read the bias for every class of the last 256-class subtile, past
+// V = 1000, and those reads once reached uninitialised scratch (zeros, then
+// 0x46464646 = 12690.6f, which flipped the softcap's polynomial-or-tanhf
+// vote for the whole subtile).
+TEST_F(CudaGpu, ScratchContentsDoNotChangeTheBytes) {
+  unsetenv("FLCE_CUDA_TILE");
+  unsetenv("FLCE_CUDA_BLOCK");
+  const Case c = head(300, 64, 1000, 4).with_bias().softcap(30).stored_as(Dtype::bf16);
+  const size_t bytes = size_t(1) << 30;
+  void* scratch = nullptr;
+  ASSERT_EQ(cudaMalloc(&scratch, bytes), cudaSuccess);
+  Request rq;
+  rq.config = cuda();
+  rq.config.workspace = scratch;
+  rq.config.workspace_bytes = bytes;
+  Outputs first;
+  for (int fill : {0x00, 0x46, 0xFF}) {  // 0xFF: NaN
+    SCOPED_TRACE(fill);
+    ASSERT_EQ(cudaMemset(scratch, fill, bytes), cudaSuccess);
+    const Outputs out = run_library(c.problem(), c.storage(), rq);
+    ASSERT_TRUE(out.status.ok()) << out.status.error;
+    if (fill == 0) first = out;
+    else expect_identical_outputs(out, first);
+  }
+  cudaFree(scratch);
+}
+
 // A caller's scratch in host memory is declined, naming it (the kernels
 // would fault on it, or read it slowly over the bus where they can).
 TEST_F(CudaGpu, ScratchInHostMemoryIsDeclined) {

@@ -5,6 +5,7 @@
 
 #include <climits>
 #include <cmath>
+#include <utility>
 
 #include "cuda/kernels.h"
 #include "cuda/softmax_state.cuh"
@@ -574,17 +575,13 @@ DView dview(const Tensor& t) {
 void prepare(const LossArgs& args, float* class_w, float* bias, cudaStream_t stream) {
   prepare_kernel<<<1, kWideThreads, 0, stream>>>(args);
   DView f32row{nullptr, int(Dtype::f32), 0, 1};
-  if (class_w) {
-    DView src = args.class_weights;
+  const size_t tail = size_t(padded_classes(args.v) - args.v) * sizeof(float);
+  for (auto [src, dst] : {std::pair{args.class_weights, class_w}, std::pair{args.bias, bias}}) {
+    if (!dst) continue;
     src.s1 = src.s0, src.s0 = 0;
-    f32row.data = class_w;
+    f32row.data = dst;
     convert(src, 0, 0, f32row, 0, 0, 1, args.v, stream);
-  }
-  if (bias) {
-    DView src = args.bias;
-    src.s1 = src.s0, src.s0 = 0;
-    f32row.data = bias;
-    convert(src, 0, 0, f32row, 0, 0, 1, args.v, stream);
+    if (tail) cudaMemsetAsync(dst + args.v, 0, tail, stream);
   }
 }
 

@@ -239,8 +239,9 @@ Sizes sizes_of(const Plan& plan, const Problem& p) {
   s.bytes[0] = sizeof(Scalars);
   s.bytes[1] = size_t(N) * sizeof(RowInfo);
   s.bytes[2] = size_t(N) * 8;
-  s.bytes[3] = p.class_weights.present() ? size_t(V) * 4 : 0;
-  s.bytes[4] = p.bias.present() ? size_t(V) * 4 : 0;
+  const size_t per_class = size_t(padded_classes(V)) * 4;  // read to a subtile's end (prepare)
+  s.bytes[3] = p.class_weights.present() ? per_class : 0;
+  s.bytes[4] = p.bias.present() ? per_class : 0;
   s.bytes[5] = plan.states_pass ? size_t(plan.state_rows * plan.tiles) * sizeof(TileState) : 0;
   s.bytes[6] = plan.fused ? 0 : size_t(plan.tile_rows * plan.tile_cols) * 4;  // the f32 score tile
   s.bytes[7] = gemms ? size_t(plan.block_rows * plan.block_cols) * g_size : 0;
