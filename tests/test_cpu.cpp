@@ -946,6 +946,13 @@ TEST_F(CpuPackedScores, ChosenForBf16DlogitsOnlyAndDoublesTheRowBlock) {
   flce::Problem f32_g = s2;
   f32_g.options.grad_logits_dtype = GradLogitsDtype::f32;
   EXPECT_FALSE(flce::cpu::make_plan(f32_g, Pass::loss_and_grad, cpu(2)).packed_scores);
+  // A softcap up to 32752 keeps every ref - s within f16's range; above, no
+  // codes (ds/dz reads s itself).
+  flce::Problem capped = s2;
+  capped.options.softcap = 32752;
+  EXPECT_TRUE(flce::cpu::make_plan(capped, Pass::loss_and_grad, cpu(2)).packed_scores);
+  capped.options.softcap = 32753;
+  EXPECT_FALSE(flce::cpu::make_plan(capped, Pass::loss_and_grad, cpu(2)).packed_scores);
   EXPECT_FALSE(flce::cpu::make_plan(s2, Pass::forward, cpu(2)).packed_scores);
   EXPECT_FALSE(flce::cpu::make_plan(step_shapes(1024, 4096, 128256), Pass::loss_and_grad, cpu(2)).packed_scores);
   flce::Problem with_grad_logits = s2;  // it would need the f32 G of every entry

@@ -396,6 +396,13 @@ TEST(CudaPlan, StashesWholeBlocksThatFitInGradWOnlyForBf16Dlogits) {
   flce::Problem f32_dlogits = llama;
   f32_dlogits.options.grad_logits_dtype = GradLogitsDtype::f32;
   EXPECT_EQ(plan(f32_dlogits).stash_cols, 0);
+  // Codes hold every ref - s under a softcap up to 32752, not above (ds/dz
+  // reads s itself).
+  flce::Problem capped = llama;
+  capped.options.softcap = 32752;
+  EXPECT_EQ(plan(capped).stash_cols, 5 * 12288 + 2 * 4096);
+  capped.options.softcap = 32753;
+  EXPECT_EQ(plan(capped).stash_cols, 0);
   flce::Problem f32_storage = step_shapes(8192, 4096, 128256, Dtype::f32);
   f32_storage.x.dtype = f32_storage.w.dtype = Dtype::f32;
   EXPECT_EQ(plan(f32_storage).stash_cols, 0);

@@ -1,6 +1,7 @@
 #include "cpu/plan.h"
 
 #include "common/loss_terms.h"
+#include "common/score_codes.h"
 #include "cpu/operands.h"
 
 #include <omp.h>
@@ -185,6 +186,7 @@ bool packable(const Problem& p, const Plan& plan) {
   const char* env = pack_scores_env();
   return plan.pass != Pass::forward && !plan.d.logits_entry && plan.grad_gemm == Dtype::bf16 &&
          !p.grad_logits.present() && plan.kernels->pack_scores != nullptr &&
+         codes_hold_softcap(p.options.softcap) &&
          !(env != nullptr && std::string(env) == "0");
 }
 

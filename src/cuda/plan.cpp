@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/score_codes.h"
 #include "cuda/sm90/score_gemms.h"
 
 namespace flce::cuda {
@@ -87,7 +88,7 @@ StashLayout stash_layout(const Problem& p, const Plan& plan) {
   const int64_t N = plan.d.n, V = plan.d.v, H = plan.d.h, C = plan.block_cols;
   if (!plan.states_pass || !plan.grads || plan.d.logits_entry || plan.round_to != Dtype::bf16 ||
       !gw.present() || p.w_layout != WeightLayout::vh || gw.stride[0] != H ||
-      !unit_columns(gw))
+      !unit_columns(gw) || !codes_hold_softcap(p.options.softcap))
     return {};
   const int64_t gw_size = int64_t(dtype_size(gw.dtype));
   // f32 in place with several row blocks: each row block writes grad_W's
