@@ -324,7 +324,10 @@ class CudaBackend final : public Backend {
       if (cudaError_t e = cudaFreeAsync(owned, stream); e != cudaSuccess && error.empty())
         error = cuda_error("cuda backend: freeing the workspace", e);
     }
-    if (error.empty()) error = cuda::last_launch_error("after the passes");
+    if (error.empty()) {
+      error = cuda::last_launch_error("after the passes");
+      if (!error.empty()) error += " (the outputs may be partly written)";
+    }
     return error;
   }
 };
