@@ -163,16 +163,21 @@ def parse_variant(text):
 
 
 def with_env(variant, fn):
-    """fn run with the variant's environment settings, then without them."""
+    """fn run with the variant's environment settings, then with the
+    environment as it was (a setting the caller exported stays)."""
     env = parse_variant(variant)
 
     def run():
+        saved = {name: os.environ.get(name) for name in env}
         os.environ.update(env)
         try:
             return fn()
         finally:
-            for name in env:
-                os.environ.pop(name, None)
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
     return run
 
 

@@ -322,6 +322,10 @@ int main(int argc, char** argv) {
       for (int64_t R : rows)
         for (int64_t T : tiles)
           for (const std::string& dn : dtype_names) {
+            if (dn != "f32" && dn != "bf16") {
+              std::fprintf(stderr, "unknown dtype %s (f32 or bf16)\n", dn.c_str());
+              return 2;
+            }
             Dtype dtype = dn == "bf16" ? Dtype::bf16 : Dtype::f32;
             bool any = false;
             // gemm_tn runs grad_W only.

@@ -80,8 +80,11 @@ def in_subprocess(args, kind, name):
            "--h", str(args.h), "--v", str(args.v), "--threads", str(args.threads)]
     if args.upcast:
         cmd.append("--upcast")
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    r = json.loads(out.strip().splitlines()[-1])
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:  # the worker's own error, not only its exit status
+        sys.exit(f"torch_compare.py --worker {kind} --dtypes {name} failed "
+                 f"({done.returncode}):\n{done.stderr}")
+    r = json.loads(done.stdout.strip().splitlines()[-1])
     return r["seconds"], r["loss"]
 
 

@@ -152,7 +152,9 @@ def compare_memory(args, vocab):
             f"--{k.replace('_', '-')}={getattr(args, k)}" for k in
             ("text", "batch", "context", "embed", "hidden", "lr", "seed", "threads",
              "measure_steps")]
-        out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if out.returncode != 0:  # the child's own error, not only its exit status
+            sys.exit(f"train.py --measure {kind} failed ({out.returncode}):\n{out.stderr}")
         results[kind] = json.loads(out.stdout.strip().splitlines()[-1])
     logits_mib = args.batch * vocab * 4 / 2**20
     print(f"peak memory of a training step above the steady state (batch {args.batch}, "
