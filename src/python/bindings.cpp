@@ -80,7 +80,10 @@ flce::Tensor parse_tensor(const std::string& name, py::handle desc) {
   } else {
     throw py::type_error(name + ": device '" + device + "' is not cpu or cuda");
   }
-  out.device_index = int(as_int(t[5], name + " device index"));
+  const int64_t index = as_int(t[5], name + " device index");
+  if (index < 0 || index > INT_MAX)
+    throw py::value_error(name + ": device index " + std::to_string(index) + " is out of range");
+  out.device_index = int(index);
   return out;
 }
 
@@ -199,7 +202,9 @@ flce::RunConfig parse_config(const py::dict& config) {
         throw py::type_error("workspace: expected (pointer, bytes)");
       py::tuple w = item.second.cast<py::tuple>();
       c.workspace = reinterpret_cast<void*>(static_cast<uintptr_t>(as_int(w[0], "workspace")));
-      c.workspace_bytes = size_t(as_int(w[1], "workspace bytes"));
+      const int64_t bytes = as_int(w[1], "workspace bytes");
+      if (bytes < 0) throw py::value_error("workspace: " + std::to_string(bytes) + " bytes");
+      c.workspace_bytes = size_t(bytes);
     } else {
       throw py::value_error(key + ": not a setting of flce::RunConfig");
     }

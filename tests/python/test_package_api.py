@@ -277,6 +277,21 @@ def test_arrays_flce_cannot_address_are_copied_correctly():
     for x in (x_odd, reversed_rows, big_endian):
         got = flce.loss_and_grad(x, w, y, out_dtype="float64")
         assert np.array_equal(got.grad_x, want.grad_x) and got.loss == want.loss
+    # Misaligned but contiguous (copied aligned), and a 0-D big-endian
+    # cotangent (copied, still 0-D).
+    raw = np.zeros(N * H * 8 + 1, np.uint8)
+    misaligned = raw[1:].view(np.float64).reshape(N, H)
+    misaligned[...] = x64
+    assert not misaligned.flags.aligned
+    from flce import _arrays
+    assert _arrays.describe("x", misaligned)[0][0] % 8 == 0  # the copy flce reads
+    got = flce.loss_and_grad(misaligned, w, y, out_dtype="float64")
+    assert np.array_equal(got.grad_x, want.grad_x) and got.loss == want.loss
+    r = flce.forward(x64, w, y, out_dtype="float64")
+    got = flce.backward(x64, w, y, r.lse, grad_loss=np.array(1.0, dtype=">f8"),
+                        grad_dtype="float64")
+    want_b = flce.backward(x64, w, y, r.lse, grad_loss=np.array(1.0), grad_dtype="float64")
+    assert np.array_equal(got.grad_x, want_b.grad_x)
     xe = torch.from_numpy(x64[:1]).expand(N, H)  # stride 0
     got = flce.loss_and_grad(xe, torch.from_numpy(w), torch.from_numpy(y), out_dtype="float64")
     ref = flce.loss_and_grad(np.repeat(x64[:1], N, 0), w, y, out_dtype="float64")
@@ -375,6 +390,23 @@ def test_read_only_output_and_pass_specific_errors():
         flce.backward(x, w, y)
     with pytest.raises(ValueError, match="^grad_x: given, but forward"):
         flce.forward(x, w, y, out={"grad_x": np.zeros((N, H), np.float32)})
+    # backward's lse is its input: an out['lse'] replaced it silently.
+    lse = flce.forward(x, w, y).lse
+    with pytest.raises(ValueError, match="'lse' is an input of backward"):
+        flce.backward(x, w, y, lse, out={"lse": np.zeros(N, np.float32)})
+
+
+def test_negated_torch_views_are_read_as_their_values():
+    # A conj's .imag stores the negated values (is_neg()); read them resolved.
+    x, w, y = (torch.from_numpy(a) for a in _problem())
+    z = torch.complex(torch.zeros(N, V), -(x @ w.T)).conj().imag
+    assert z.is_neg()
+    got = flce.forward(logits=z, labels=y)
+    want = flce.forward(logits=z.resolve_neg(), labels=y)
+    assert torch.equal(got.lse, want.lse) and torch.equal(got.loss, want.loss)
+    out = torch.complex(torch.zeros(N), torch.zeros(N)).conj().imag
+    with pytest.raises(ValueError, match="negated view"):
+        flce.forward(logits=z, labels=y, out={"lse": out})
 
 
 def test_gradient_filtering_reports_skipped_blocks_and_stays_close():

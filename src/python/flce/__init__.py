@@ -212,6 +212,9 @@ def _call(pass_, args, measure=False):
     for name in given:
         if name not in FORWARD_OUTPUTS + GRADIENTS:
             raise ValueError(f"out: {name!r} is not an output of flce")
+        if name in tensors:  # backward's lse: it would replace the input
+            raise ValueError(f"out: {name!r} is an input of {pass_} (its {name} argument), "
+                             f"not an output")
         _arrays.check_writable(f"out[{name!r}]", given[name])
     if args.get("inplace"):
         if logits is None:

@@ -80,7 +80,9 @@ def _numpy_descriptor(name, arr, output):
                 f"{arr.strides} bytes, dtype {arr.dtype}, aligned={arr.flags.aligned}); flce "
                 f"needs native byte order, alignment and positive strides that are multiples "
                 f"of the item size")
-        arr = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("="))
+        # A fresh C-order copy: aligned (ascontiguousarray kept a misaligned
+        # but contiguous array as it was) and of the same rank (it made 0-D 1-D).
+        arr = np.array(arr, dtype=arr.dtype.newbyteorder("="), order="C", copy=True)
     if output and not arr.flags.writeable:
         raise ValueError(f"{name}: the output array is read-only")
     # Size-1 (and size-0) dimensions are never stepped over; any stride will do.
@@ -104,6 +106,13 @@ def _torch_descriptor(name, t, output):
         if output:
             raise ValueError(f"{name}: output strides {t.stride()} must be >= 1")
         t = t.contiguous()
+    # A view with the negative bit (a conj's .imag, torch._neg_view) stores
+    # the negated values: read those resolved; never write through one.
+    if t.is_neg():
+        if output:
+            raise ValueError(f"{name}: the output is a negated view (is_neg()); pass a tensor "
+                             f"that stores its values")
+        t = t.resolve_neg()
     strides = tuple(s if n > 1 else 1 for n, s in zip(t.shape, t.stride()))
     desc = (t.data_ptr(), dtypes[t.dtype], tuple(t.shape), strides, t.device.type,
             t.device.index or 0)
