@@ -464,7 +464,10 @@ TEST(CpuDeterminism, ForwardRowsDoNotDependOnTheirBlock) {
 // second one short.
 class CpuVocabOuter : public ::testing::Test {
  protected:
-  void TearDown() override { unsetenv("FLCE_CPU_GRAD_ORDER"); }
+  void TearDown() override {
+    unsetenv("FLCE_CPU_GRAD_ORDER");
+    unsetenv("FLCE_CPU_SCORE_MIB");
+  }
 };
 
 struct VocabCut {
@@ -714,7 +717,6 @@ TEST_F(CpuVocabOuter, AutomaticCutSameBitsForAnyThreadCount) {
     rq.config = cpu(threads);
     expect_identical_outputs(run_library(c.problem(), c.storage(), rq), one);
   }
-  unsetenv("FLCE_CPU_SCORE_MIB");
   EXPECT_TRUE(vocab_outer) << "the case meant to take the vocabulary-outer order did not";
 }
 

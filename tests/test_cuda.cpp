@@ -955,13 +955,12 @@ TEST_F(CudaGpu, CallersStreamAndScratchGiveTheSameBytes) {
 }
 
 // Whatever a caller's scratch held before gives the same bytes: the fused
-// kernels read the bias for every class of the last 256-class subtile, past
+// kernels read the bias for all 256 classes of a subtile that starts below
 // V = 1000, and those reads once reached uninitialised scratch (zeros, then
 // 0x46464646 = 12690.6f, which flipped the softcap's polynomial-or-tanhf
-// vote for the whole subtile).
+// vote for the whole subtile). With default tiles, and with the fixture's
+// 16-class tiles, whose last subtile starts at 992 and reads to 1247.
 TEST_F(CudaGpu, ScratchContentsDoNotChangeTheBytes) {
-  unsetenv("FLCE_CUDA_TILE");
-  unsetenv("FLCE_CUDA_BLOCK");
   const Case c = head(300, 64, 1000, 4).with_bias().softcap(30).stored_as(Dtype::bf16);
   const size_t bytes = size_t(1) << 30;
   void* scratch = nullptr;
@@ -970,14 +969,23 @@ TEST_F(CudaGpu, ScratchContentsDoNotChangeTheBytes) {
   rq.config = cuda();
   rq.config.workspace = scratch;
   rq.config.workspace_bytes = bytes;
-  Outputs first;
-  for (int fill : {0x00, 0x46, 0xFF}) {  // 0xFF: NaN
-    SCOPED_TRACE(fill);
-    ASSERT_EQ(cudaMemset(scratch, fill, bytes), cudaSuccess);
-    const Outputs out = run_library(c.problem(), c.storage(), rq);
-    ASSERT_TRUE(out.status.ok()) << out.status.error;
-    if (fill == 0) first = out;
-    else expect_identical_outputs(out, first);
+  for (bool narrow_tiles : {false, true}) {
+    SCOPED_TRACE(narrow_tiles ? "tiles of 8 x 16" : "default tiles");
+    if (!narrow_tiles) {
+      unsetenv("FLCE_CUDA_TILE");
+      unsetenv("FLCE_CUDA_BLOCK");
+    } else {
+      setenv("FLCE_CUDA_TILE", "8x16", 1);
+    }
+    Outputs first;
+    for (int fill : {0x00, 0x46, 0xFF}) {  // 0xFF: NaN
+      SCOPED_TRACE(fill);
+      ASSERT_EQ(cudaMemset(scratch, fill, bytes), cudaSuccess);
+      const Outputs out = run_library(c.problem(), c.storage(), rq);
+      ASSERT_TRUE(out.status.ok()) << out.status.error;
+      if (fill == 0) first = out;
+      else expect_identical_outputs(out, first);
+    }
   }
   cudaFree(scratch);
 }

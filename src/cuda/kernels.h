@@ -119,10 +119,11 @@ struct ScoreTile {
 
 // class_w/bias f32 copies, C, D and the checks of labels and weights.
 // The copies hold padded_classes(V) floats, zero past V: the fused kernels
-// read them for every class of a 256-class subtile, past V in the last one
-// (a bias read there from other memory changed a softcap's vote, so bits).
+// read them for all 256 classes of a subtile that starts below V (at any
+// class, with FLCE_CUDA_TILE's narrow tiles), so up to V + 254 (a bias read
+// there from other memory changed a softcap's vote, so bits).
 void prepare(const LossArgs& args, float* class_w, float* bias, cudaStream_t stream);
-inline int64_t padded_classes(int64_t v) { return (v + 255) / 256 * 256; }
+inline int64_t padded_classes(int64_t v) { return v + 255; }
 
 // states[r * tiles + t] for the tile's rows (r relative to state_r0); with
 // tile.stash, also each row's ref (its max in the tile, or 0 if that is not

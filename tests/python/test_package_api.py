@@ -392,8 +392,9 @@ def test_read_only_output_and_pass_specific_errors():
         flce.forward(x, w, y, out={"grad_x": np.zeros((N, H), np.float32)})
     # backward's lse is its input: an out['lse'] replaced it silently.
     lse = flce.forward(x, w, y).lse
-    with pytest.raises(ValueError, match="'lse' is an input of backward"):
-        flce.backward(x, w, y, lse, out={"lse": np.zeros(N, np.float32)})
+    for given in (lse, None):  # without the lse argument, out['lse'] was read as it
+        with pytest.raises(ValueError, match="'lse' is an input of backward"):
+            flce.backward(x, w, y, given, out={"lse": np.zeros(N, np.float32)})
 
 
 def test_negated_torch_views_are_read_as_their_values():

@@ -467,7 +467,8 @@ bool same_nonfinite(double a, double b) {
   out << name << " norm-wise: ||err|| " << std::sqrt(err2) << " vs ||C * bound|| "
       << std::sqrt(bound2) << " (ratio " << std::sqrt(err2 / bound2) << "; ||expected|| "
       << std::sqrt(value2) << ")";
-  if (std::isnan(bound2) || err2 > bound2) return ::testing::AssertionFailure() << out.str();
+  // NaN or +inf (which would accept anything): a test-construction error.
+  if (!std::isfinite(bound2) || !(err2 <= bound2)) return ::testing::AssertionFailure() << out.str();
   return ::testing::AssertionSuccess() << out.str();
 }
 
