@@ -958,8 +958,10 @@ TEST_F(CudaGpu, CallersStreamAndScratchGiveTheSameBytes) {
 // kernels read the bias for all 256 classes of a subtile that starts below
 // V = 1000, and those reads once reached uninitialised scratch (zeros, then
 // 0x46464646 = 12690.6f, which flipped the softcap's polynomial-or-tanhf
-// vote for the whole subtile). With default tiles, and with the fixture's
-// 16-class tiles, whose last subtile starts at 992 and reads to 1247.
+// vote for the whole subtile). With default tiles (this failed with no
+// padding), and with the fixture's 16-class tiles, whose last subtile starts
+// at 992 and reads to 1247 (this passed with copies padded only to 1024
+// too: what lay past them did not flip the vote here).
 TEST_F(CudaGpu, ScratchContentsDoNotChangeTheBytes) {
   const Case c = head(300, 64, 1000, 4).with_bias().softcap(30).stored_as(Dtype::bf16);
   const size_t bytes = size_t(1) << 30;
