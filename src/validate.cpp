@@ -299,6 +299,15 @@ ByteRange bytes_of(const Tensor& t) {
   return {begin, begin + uintptr_t(last + 1) * dtype_size(t.dtype)};
 }
 
+bool overlap(ByteRange a, ByteRange b) { return a.begin < b.end && b.begin < a.end; }
+
+// Every tensor a pass reads or writes, inputs first.
+std::vector<Arg> tensors_of_pass(const Problem& p, Pass pass) {
+  std::vector<Arg> all = inputs_of(p, pass), outs = outputs_of(p, pass);
+  all.insert(all.end(), outs.begin(), outs.end());
+  return all;
+}
+
 bool same_view(const Tensor& a, const Tensor& b) {
   return a.data == b.data && a.dtype == b.dtype && a.ndim == b.ndim &&
          a.shape[0] == b.shape[0] && a.shape[1] == b.shape[1] && a.stride[0] == b.stride[0] &&
@@ -314,8 +323,7 @@ bool overlaps_itself(const Tensor& t) {
 
 std::string check_devices_and_aliasing(const Problem& p, Pass pass) {
   const Tensor& first = p.logits.present() ? p.logits : p.x;
-  std::vector<Arg> all = inputs_of(p, pass), outs = outputs_of(p, pass);
-  all.insert(all.end(), outs.begin(), outs.end());
+  const std::vector<Arg> all = tensors_of_pass(p, pass), outs = outputs_of(p, pass);
   for (Arg a : all) {
     if (a.t->present() && (a.t->device != first.device || a.t->device_index != first.device_index))
       return format("%s: lives on %s:%d but %s is on %s:%d; all tensors must share one device",
@@ -335,8 +343,7 @@ std::string check_devices_and_aliasing(const Problem& p, Pass pass) {
       if (other.t == outs[i].t || !other.t->present()) continue;
       if (outs[i].t == &p.grad_logits && other.t == &p.logits && same_view(p.grad_logits, p.logits))
         continue;  // in place, as Liger and Unsloth do
-      const ByteRange o = bytes_of(*other.t);
-      if (r.begin < o.end && o.begin < r.end)
+      if (overlap(r, bytes_of(*other.t)))
         return format("%s: overlaps %s in memory; outputs may not alias inputs or other outputs "
                       "(only grad_logits may be exactly the logits, for in-place use)",
                       outs[i].name, other.name);
@@ -351,12 +358,8 @@ std::string check_workspace_aliasing(const Problem& p, Pass pass, const void* wo
                                      size_t bytes) {
   if (workspace == nullptr || bytes == 0) return "";
   const auto begin = reinterpret_cast<uintptr_t>(workspace);
-  std::vector<Arg> all = inputs_of(p, pass), outs = outputs_of(p, pass);
-  all.insert(all.end(), outs.begin(), outs.end());
-  for (Arg a : all) {
-    if (!a.t->present()) continue;
-    const ByteRange o = bytes_of(*a.t);
-    if (begin < o.end && o.begin < begin + bytes)
+  for (Arg a : tensors_of_pass(p, pass)) {
+    if (a.t->present() && overlap({begin, begin + bytes}, bytes_of(*a.t)))
       return format("workspace: its %zu bytes overlap %s in memory; the backend overwrites its "
                     "workspace, so it may not alias an input or output",
                     bytes, a.name);

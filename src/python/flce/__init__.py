@@ -212,8 +212,7 @@ def _call(pass_, args, measure=False):
     for name in given:
         if name not in FORWARD_OUTPUTS + GRADIENTS:
             raise ValueError(f"out: {name!r} is not an output of flce")
-        if name in tensors or (pass_ == "backward" and name == "lse"):
-            # backward's lse is its input: out['lse'] would be read as it
+        if pass_ == "backward" and name == "lse":  # read as the input, not written
             raise ValueError(f"out: {name!r} is an input of {pass_} (its {name} argument), "
                              f"not an output")
         _arrays.check_writable(f"out[{name!r}]", given[name])
