@@ -38,6 +38,10 @@ it settles at, with nvidia-smi's clock and power over the same span.
 Memory: the peak of torch.cuda.max_memory_allocated during the call minus
 what was allocated before it: gradients, outputs and (for flce) the
 workspace, which flce's Python layer takes from torch's allocator.
+Correctness: after the timings, the first --variants entry's step and
+forward at each shape are judged at eight rows against the float64 oracle
+under the tolerance policy (oracle_check), so that a fast but wrong kernel
+fails the run's checks.
 The run ends with the table, then which of #7's targets this run met, for
 the first --variants entry (bench/cuda_targets.py).
 """
@@ -218,6 +222,31 @@ def module_and_env(variant):
     return (BASELINE, "") if variant == "baseline" else (flce, variant)
 
 
+def oracle_check(x, w, y, softcap, step, fwd, rows=8):
+    """The timed calls' outputs at `rows` rows spread over N, judged against
+    flce's float64 oracle under the tolerance policy (flce.testing, run on
+    the host): the step's lse and grad_x rows, with the stash's u_q, and the
+    forward's lse. A row's lse and grad_x depend on that row alone, so the
+    oracle runs on those rows (the mean's 1/N becomes grad_loss under
+    reduction 'sum'); grad_W sums over every row and is left to the GPU
+    tests. {output: fraction of its bound used}, or {"error": the
+    failure}."""
+    import flce.testing
+    n, v = x.shape[0], w.shape[0]
+    idx = torch.linspace(0, n - 1, rows, device=x.device).long()
+    xs, ws, ys = x[idx].cpu(), w.cpu(), y[idx].cpu()
+    opts = dict(softcap=softcap, chunk_elements=rows * v)
+    try:
+        used = flce.testing.assert_close(
+            {"lse": step.lse[idx].cpu(), "grad_x": step.grad_x[idx].cpu()}, xs, ws, ys,
+            reduction="sum", grad_loss=torch.tensor(1.0 / n, dtype=torch.float64),
+            grad_cast="bfloat16", packed_scores="float16", **opts)
+        fwd_used = flce.testing.assert_close({"lse": fwd.lse[idx].cpu()}, xs, ws, ys, **opts)
+    except AssertionError as e:
+        return {"error": str(e)}
+    return {"step " + k: r for k, r in used.items()} | {"fwd lse": fwd_used["lse"]}
+
+
 def bench_shape(name, reps, variants, back_to_back=0, steady=0.0):
     n, h, v, softcap = SHAPES[name]
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -303,7 +332,13 @@ def bench_shape(name, reps, variants, back_to_back=0, steady=0.0):
     # and the figure lacked the gradients' size).
     xe.grad = we.grad = None
     row["eager_peak_extra_bytes"] = peak_extra_bytes(eager)
-    row["eager_loss"], row["flce_loss"] = eager()[0].item(), float(step().loss)
+    first = variants[0]  # the table's, as cuda_targets judges
+    step_result = run(first, step)
+    row["eager_loss"], row["flce_loss"] = eager()[0].item(), float(step_result.loss)
+    row["oracle"] = oracle_check(x, w, y, softcap, step_result, run(first, fwd))
+    print(f"  {name} {first or 'default'} against the oracle at 8 rows: {row['oracle']}",
+          flush=True)
+    del step_result
     del xe, we
     torch.cuda.empty_cache()
     return row

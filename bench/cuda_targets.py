@@ -9,6 +9,10 @@ The targets, in bf16 at each benchmark shape:
   memory    the step's extra device memory at most the gradients' size
             + 512 MiB;
   eager     the step faster than PyTorch eager.
+A fast but wrong kernel would meet them all, so a run also counts its
+flce outputs at eight rows against the float64 oracle under the tolerance
+policy (cuda_bench.py's oracle_check; rows of runs from before it have
+none, and skip it).
 The issue names no limits between H = 1024 and 2304; below 2304 the
 H = 1024 ones apply here (the benchmark's shapes have H = 1024, 2304, 4096).
 """
@@ -54,6 +58,11 @@ def checks(row, variant=0):
     checked.append(("step extra memory, MiB", memory, memory_limit, memory <= memory_limit))
     speedup = row["eager_ms"] / t["step_ms"]
     checked.append(("eager step / flce step", speedup, 1.0, speedup > 1.0))
+    if "oracle" in row and variant == 0:  # the first variant's outputs, checked
+        oracle = row["oracle"]
+        used = float("inf") if "error" in oracle else max(oracle.values())
+        checked.append(("outputs at 8 rows, fraction of the policy's bound", used, 1.0,
+                        used <= 1.0))
     return checked
 
 

@@ -70,3 +70,19 @@ def test_report_counts_what_was_met():
     lines = targets.report([row(2304, 1.3, 1.1), row(1024, 1.4, 1.2)])
     assert lines[-1] == "7 of 8 checks met"
     assert any("step / 3 GEMMs, shuffled: 1.300 (at most 1.250): NOT met" in l for l in lines)
+
+
+ORACLE = "outputs at 8 rows, fraction of the policy's bound"
+
+
+def test_outputs_must_agree_with_the_oracle():
+    r = row(2304, 1.0, 1.0)
+    assert ORACLE not in {c[0] for c in targets.checks(r)}  # runs from before the check
+    r["oracle"] = {"step lse": 0.02, "step grad_x": 1.0, "fwd lse": 0.01}
+    assert met(r, ORACLE)
+    r["oracle"]["step grad_x"] = 1.0001
+    assert not met(r, ORACLE)
+    r["oracle"] = {"error": "flce.testing.assert_close: 1 output(s) outside the policy"}
+    assert not met(r, ORACLE)
+    lines = targets.report([r])
+    assert lines[-1] == "4 of 5 checks met"
