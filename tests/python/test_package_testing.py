@@ -68,6 +68,7 @@ def test_bounds_reproduce_the_cpp_policy(index, chunk):
     _, bounds = ft.bounds(**problem, chunk_elements=chunk)
     for name, want in golden.items():
         got, want = np.ravel(bounds[name]), np.array(want)
+        assert got.shape == want.shape, f"{name}: {got.shape} bounds vs C++ {want.shape}"
         with np.errstate(invalid="ignore"):  # inf - inf where both are inf
             same = (got == want) | (np.abs(got - want) <= 1e-12 * np.abs(want))
         assert same.all(), f"{name}: {got} vs C++ {want}"
@@ -120,6 +121,26 @@ def test_argmax_check_allows_ties_within_the_logit_bounds_only():
         ft.assert_close({"argmax": np.array([1, 2, 0])}, logits=z, labels=y)
     with pytest.raises(AssertionError, match=r"argmax\[2\] = 2, expected 0 \(the first NaN"):
         ft.assert_close({"argmax": np.array([1, 1, 2])}, logits=z, labels=y)
+
+
+def test_argmax_of_another_length_fails():
+    z = np.array([[1.0, 3.0, -2.0], [0.0, 5.0, 1.0], [4.0, 1.0, 2.0]])
+    y = np.array([0, 1, 2])
+    ft.assert_close({"argmax": np.array([1, 1, 0])}, logits=z, labels=y)
+    for wrong in (np.array([1]), np.array([1, 1, 0, 7])):  # rows missing, or junk past N
+        with pytest.raises(AssertionError, match=r"argmax: shape \(\d,\), expected \(3,\)"):
+            ft.assert_close({"argmax": wrong}, logits=z, labels=y)
+
+
+def test_an_infinite_bound_is_a_construction_error_not_a_pass():
+    # gamma_V is infinite once V u_a >= 1: with f16 accumulation and V =
+    # 4096 every lse bound is +inf, so any lse would be "within" it.
+    inp = ft.make_inputs(n=4, h=8, v=4096, seed=2)
+    r = flce.forward(**inp)
+    _, bound = ft.bounds(**inp, outputs=["lse"], accumulate="float16")
+    assert np.isinf(bound["lse"]).all()
+    with pytest.raises(AssertionError, match="NaN or infinite bound"):
+        ft.assert_close({"lse": r.lse * 3}, **inp, accumulate="float16")
 
 
 def test_float32_candidate_fails_a_float64_claim():

@@ -62,8 +62,8 @@ def compare(name, actual, expected, bound, c=C):
     same = (np.isnan(a) & np.isnan(e)) | (a == e)
     mismatch = nonfinite & ~same
     finite = ~nonfinite
-    bad_bound = finite & np.isnan(b)
-    checked = finite & ~np.isnan(b)
+    bad_bound = finite & ~np.isfinite(b)  # NaN, or inf (e.g. gamma_V once V u_a >= 1)
+    checked = finite & np.isfinite(b)
     with np.errstate(all="ignore"):
         err = np.where(checked, np.abs(a - e), 0.0)
         ratio = np.where(checked, np.where(b > 0, err / b, np.where(err > 0, np.inf, 0.0)), -1.0)
@@ -80,7 +80,7 @@ def compare(name, actual, expected, bound, c=C):
         line += (f"; {int(mismatch.sum())} NaN/Inf position mismatches, first at "
                  f"{_index(first, expected.shape)}: actual {a[first]!r}, expected {e[first]!r}")
     if bad_bound.any():
-        line += (f"; {int(bad_bound.sum())} finite values have a NaN bound (test "
+        line += (f"; {int(bad_bound.sum())} finite values have a NaN or infinite bound (test "
                  f"construction error), first at {_index(int(np.argmax(bad_bound)), expected.shape)}")
     return ok, line, worst_ratio
 
@@ -252,6 +252,9 @@ def _all_bounds(d, pr, got, expected, grads, chunk_elements):
     gb = np.zeros(v) if "grad_bias" in grads else None
     gl = np.zeros((n, v)) if "grad_logits" in grads else None
     argmax_lines, argmax_bad = [], 0
+    if got.get("argmax") is not None and got["argmax"].shape != (n,):
+        argmax_lines.append(f"argmax: shape {got['argmax'].shape}, expected ({n},)")
+        got = {**got, "argmax": None}
     step = max(1, chunk_elements // max(v, 1))
     abs_w = None if d.w is None else np.abs(d.w)
     with np.errstate(all="ignore"):
