@@ -456,6 +456,67 @@ TEST(ReferenceEdge, LargeLogits) {
   check_all_passes(Case::head(5, 6, 9).logit_scale(100));
 }
 
+TEST(ReferenceEdge, ShiftingARowsLogitsMovesWhatDependsOnTheirDifferencesByLseRoundingOnly) {
+  // logp, the entropy, a loss without z-loss and G are functions of a row's
+  // logit differences d_ij = s_ij - max_j s_ij. Adding 2^13 .. 2^16 to a
+  // row, exactly (logits on a grid of 2^-16, so every d_ij stays exact),
+  // changes only lse's rounding: lse_i - max moves by at most 2u|lse_i| <=
+  // 2u 2^17, and these outputs by at most that times 1 + the row's range
+  // of logits (< 16 here), relative to the largest of each output. H_i
+  // formed as lse_i - sum_j p_ij s_ij moved by 6e-9 relative at 1e4.
+  const Case c = Case::logits(4, 37, 3).label_smoothing(0.1).with_class_weights()
+                     .with_grad_entropy().with_grad_lse().reduction(Reduction::none);
+  DenseProblem d = c.problem();
+  for (double& z : d.logits) z = std::ldexp(std::round(std::ldexp(z, 16)), -16);
+  DenseProblem shifted = d;
+  for (int64_t i = 0; i < d.n; ++i)
+    for (int64_t j = 0; j < d.v; ++j) shifted.logits[i * d.v + j] += std::ldexp(1.0, 13 + i);
+  const Outputs a = run(d, c.storage(), Pass::loss_and_grad);
+  const Outputs b = run(shifted, c.storage(), Pass::loss_and_grad);
+  ASSERT_TRUE(a.status.ok() && b.status.ok()) << a.status.error << b.status.error;
+  const double tol = 2 * 0x1p-53 * 0x1p17 * (1 + 16);
+  const auto expect_close = [&](const char* name, const std::vector<double>& x,
+                                const std::vector<double>& y) {
+    ASSERT_EQ(x.size(), y.size()) << name;
+    double scale = 0;  // norm-wise: a G entry near 0 may be a difference of p terms
+    for (double v : x) scale = std::max(scale, std::fabs(v));
+    for (size_t k = 0; k < x.size(); ++k)
+      EXPECT_LE(std::fabs(x[k] - y[k]), tol * scale) << name << "[" << k << "]";
+  };
+  expect_close("logprob", a.logprob, b.logprob);
+  expect_close("entropy", a.entropy, b.entropy);
+  expect_close("loss", a.loss, b.loss);
+  expect_close("grad_logits", a.grad_logits, b.grad_logits);
+  check(shifted, c.storage());
+}
+
+TEST(ReferenceEdge, MeanWithZeroDenominatorDropsSmoothingAndZLossToo) {
+  // D = 0 through a class weight of 0 on the label, with t_i = 1: smoothing
+  // and z-loss would add to the sum, but the mean and its gradient are 0
+  // (README, Reductions); the sum is not.
+  DenseProblem d;
+  d.n = 1, d.v = 3, d.logits_entry = true;
+  d.logits = {1.0, 2.0, 0.0};
+  d.labels = {0};
+  d.class_weights = {0.0, 1.0, 1.0};
+  d.options.label_smoothing = 0.2;
+  d.options.z_loss = 0.1;
+  for (Reduction r : {Reduction::mean, Reduction::sum}) {
+    SCOPED_TRACE(reduction_name(r));
+    d.options.reduction = r;
+    check(d, Storage{});
+    const Outputs out = run(d, Storage{}, Pass::loss_and_grad);
+    ASSERT_TRUE(out.status.ok()) << out.status.error;
+    if (r == Reduction::mean) {
+      EXPECT_EQ(out.loss[0], 0.0);
+      for (double v : out.grad_logits) EXPECT_EQ(v, 0.0);
+    } else {
+      EXPECT_GT(out.loss[0], 0.5);
+      EXPECT_NE(out.grad_logits[1], 0.0);
+    }
+  }
+}
+
 // Checks the per-row outputs of `rows` only, and the gradient rows of grad_x.
 void check_rows(const DenseProblem& d, const Outputs& out, const std::vector<int64_t>& rows) {
   const BruteForce exact = brute_force(d);

@@ -127,12 +127,24 @@ void compute_scores(const Context& c, int64_t i0, int64_t rows, const Scratch& s
   }
 }
 
+// A row's statistics relative to `shift` (its max where finite, else 0):
+// p, logp and the entropy are differences of scores, so they are formed
+// from d_ij = s_ij - shift and lse_i - shift, never from two large
+// numbers whose rounding cancels (with logits near 1e4, H_i = lse_i -
+// sum_j p_ij s_ij lost 8 digits). What is left of a large shift is lse's
+// own rounding, u |lse_i| in lse_i - shift.
 struct RowStats {
   int64_t argmax = 0;
-  double lse = 0;      // log sum_j exp(s_ij)
-  double sbar = 0;     // sum_j p_ij s_ij
-  double logp_y = 0;   // s_iy - lse (0 when ignored)
+  double shift = 0;
+  double lse = 0;        // log sum_j exp(s_ij)
+  double lse_d = 0;      // lse - shift, from the lse a backward reads, so that G's bits
+                         // are the same from a saved lse as in loss_and_grad
+  double sbar_d = 0;     // sum_j p_ij d_ij
+  double logp_y = 0;     // d_iy - lse_d (0 when ignored)
   double sum_clogp = 0;  // sum_j c_j logp_ij
+
+  double d(double s) const { return s - shift; }
+  double p(double s) const { return std::exp(d(s) - lse_d); }  // p_ij
 };
 
 // lse with the max shift; an infinite max is not subtracted (as
@@ -145,10 +157,10 @@ void max_and_lse(const double* s, int64_t V, RowStats* st) {
     if (std::isnan(s[j])) nan = true, st->argmax = j;
     else if (s[j] > m) m = s[j], st->argmax = j;
   }
-  const double shift = std::isfinite(m) ? m : 0.0;
+  st->shift = std::isfinite(m) ? m : 0.0;
   double sum = 0;
-  for (int64_t j = 0; j < V; ++j) sum += std::exp(s[j] - shift);
-  st->lse = shift + std::log(sum);
+  for (int64_t j = 0; j < V; ++j) sum += std::exp(st->d(s[j]));
+  st->lse = st->shift + std::log(sum);
 }
 
 // Terms with p_ij = 0 (s_ij = -Inf) contribute nothing to sums of p * s.
@@ -159,12 +171,12 @@ RowStats row_stats(const Context& c, const double* s, int64_t i, int64_t y) {
   RowStats st;
   max_and_lse(s, V, &st);
   if (c.pass == Pass::backward) st.lse = load(c.p.lse, i);  // the saved lse
+  st.lse_d = st.lse - st.shift;
   for (int64_t j = 0; j < V; ++j) {
-    const double p = std::exp(s[j] - st.lse);  // p_ij = exp(s_ij - lse_i)
-    st.sbar += p_times(p, s[j]);
-    if (c.e > 0) st.sum_clogp += c.class_w[j] * (s[j] - st.lse);
+    st.sbar_d += p_times(st.p(s[j]), st.d(s[j]));
+    if (c.e > 0) st.sum_clogp += c.class_w[j] * (st.d(s[j]) - st.lse_d);
   }
-  if (!ignored(c, y)) st.logp_y = s[y] - st.lse;
+  if (!ignored(c, y)) st.logp_y = st.d(s[y]) - st.lse_d;
   return st;
 }
 
@@ -181,7 +193,8 @@ void write_row_outputs(const Context& c, const RowStats& st, int64_t i, double l
   store(p.lse, i, st.lse);
   if (p.logprob.present()) store(p.logprob, i, st.logp_y);
   if (p.argmax.present()) store(p.argmax, i, double(st.argmax));
-  if (p.entropy.present()) store(p.entropy, i, st.lse - st.sbar);  // H_i = lse_i - sum p s
+  // H_i = lse_i - sum_j p_ij s_ij = (lse_i - shift) - sum_j p_ij d_ij
+  if (p.entropy.present()) store(p.entropy, i, st.lse_d - st.sbar_d);
   if (p.zloss.present()) store(p.zloss, i, c.l * st.lse * st.lse);
   if (p.loss.present() && p.options.reduction == Reduction::none) store(p.loss, i, loss_i);
 }
@@ -198,7 +211,7 @@ void scores_to_grad(const Context& c, double* s, const RowStats& st, int64_t i, 
   const double g_ent = p.grad_entropy.present() ? load(p.grad_entropy, i) : 0.0;
   const double c_y = ignored(c, y) ? 0.0 : c.class_w[y];
   for (int64_t j = 0; j < c.d.v; ++j) {
-    const double p_ij = std::exp(s[j] - st.lse);
+    const double p_ij = st.p(s[j]);
     double ds = 0;
     if (g_loss != 0) {
       ds += g_loss * ((1 - c.e) * c_y * (p_ij - (j == y ? 1.0 : 0.0)) +
@@ -206,7 +219,7 @@ void scores_to_grad(const Context& c, double* s, const RowStats& st, int64_t i, 
                       2 * c.l * st.lse * p_ij);
     }
     ds += g_lse * p_ij;
-    ds -= g_ent * p_times(p_ij, s[j] - st.sbar);
+    ds -= g_ent * p_times(p_ij, st.d(s[j]) - st.sbar_d);  // s_ij - sbar_i
     const double dsdz = c.k > 0 ? 1 - (s[j] / c.k) * (s[j] / c.k) : 1.0;
     s[j] = c.a * dsdz * ds;
   }

@@ -85,15 +85,18 @@ void row_statistics(const DenseProblem& d, int64_t i, BruteForce* r) {
   }
   r->lse[i] = lse;
 
-  T mean_s = 0;  // mu_i = sum_j p_ij s_ij
+  // H_i = -sum_j p_ij logp_ij, by its definition: lse_i - mu_i would
+  // cancel two numbers as large as the logits.
+  T mean_s = 0, entropy = 0;  // mu_i = sum_j p_ij s_ij
   for (int64_t j = 0; j < d.v; ++j) {
     const T logp = T(s[j]) - lse, p = T(std::exp(logp));
     r->logp[i * d.v + j] = logp;
     r->p[i * d.v + j] = p;
     mean_s += expect_term(p, T(s[j]));
+    entropy -= expect_term(p, logp);
   }
   r->mean_s[i] = mean_s;
-  r->entropy[i] = lse - mean_s;  // H_i = lse_i - sum_j p_ij s_ij
+  r->entropy[i] = entropy;
   r->zloss[i] = T(d.options.z_loss) * lse * lse;
 }
 
@@ -192,7 +195,8 @@ void dlogits(const DenseProblem& d, BruteForce* r) {
         if (j == y) gs -= q * (1 - e) * c_y;
       }
       gs += g_lse * p;
-      gs -= g_ent * expect_term(p, s - T(r->mean_s[i]));
+      // s_ij - mu_i = logp_ij + H_i
+      gs -= g_ent * expect_term(p, T(r->logp[ij]) + T(r->entropy[i]));
       r->grad_s[ij] = gs;
       const T ds_dz = k > 0 ? T(1) - (s / k) * (s / k) : T(1);
       r->dlogits[ij] = a * ds_dz * gs;
