@@ -75,6 +75,7 @@ class CudaGpu : public ::testing::Test {
   void TearDown() override {
     unsetenv("FLCE_CUDA_TILE");
     unsetenv("FLCE_CUDA_BLOCK");
+    unsetenv("FLCE_CUDA_FUSED");
   }
 };
 
@@ -792,13 +793,9 @@ TEST_F(CudaGpu, FusedStatesWithoutArgmaxAgreeWithTheOracle) {
     }
 }
 
-// StashedScoresKeepNonFiniteMeaningsAndTheirBytes through the fused kernel's
-// staged codes (tiles of 256 classes, as in StashedScoresAgreeWithTheOracle):
-// a warp whose rows' maxima are not all finite takes the exact codes, the
-// others the paired conversion, here with a -inf score below a finite max
-// (epilogues.cuh, stash_subtile).
-TEST_F(CudaGpu, FusedStashedScoresKeepNonFiniteMeanings) {
-  SKIP_WITHOUT_FUSED();
+// Tiles of 256 classes (the fused kernel's ref groups) and blocks of 16 x
+// 512: a bf16 step of 40 x 32 x 1100 stashes 768 classes, as staged codes.
+void stash_through_fused_tiles() {
   setenv("FLCE_CUDA_TILE", "8x256", 1);
   setenv("FLCE_CUDA_BLOCK", "16x512", 1);
 #ifdef FLCE_HAVE_CUDA
@@ -806,6 +803,16 @@ TEST_F(CudaGpu, FusedStashedScoresKeepNonFiniteMeanings) {
                 .stash_cols,
             768);
 #endif
+}
+
+// StashedScoresKeepNonFiniteMeaningsAndTheirBytes through the fused kernel's
+// staged codes (tiles of 256 classes, as in StashedScoresAgreeWithTheOracle):
+// a warp whose rows' maxima are not all finite takes the exact codes, the
+// others the paired conversion, here with a -inf score below a finite max
+// (epilogues.cuh, stash_subtile).
+TEST_F(CudaGpu, FusedStashedScoresKeepNonFiniteMeanings) {
+  SKIP_WITHOUT_FUSED();
+  stash_through_fused_tiles();
   constexpr double kInf = std::numeric_limits<double>::infinity();
   for (double bad : {std::numeric_limits<double>::quiet_NaN(), kInf, -kInf}) {
     SCOPED_TRACE("value " + std::to_string(bad));
@@ -817,6 +824,45 @@ TEST_F(CudaGpu, FusedStashedScoresKeepNonFiniteMeanings) {
     d.w[7 * d.h + 1] = bad;  // class 7 (stashed) is non-finite in every row
     check(d, c.storage(), Pass::loss_and_grad);
   }
+}
+
+// Logits 2^41 in class 0 (stashed) of every row, the others near 0: their
+// codes ref - s overflow f16 and must read back as -inf (p = 0, as exact),
+// not as the max (p = 1: the codes clamped to 65504 did, the f32 decode
+// 2^41 - 65504 rounding back to 2^41). x and W are exact in bf16 and z_i0 =
+// 2^20 2^21 exactly, so every other class's bound keeps p near 0.
+DenseProblem with_huge_class_0(DenseProblem d) {
+  for (int64_t j = 0; j < d.v; ++j) d.w[d.w_index(j, 0)] = 0;
+  for (int64_t k = 1; k < d.h; ++k) d.w[d.w_index(0, k)] = 0;
+  d.w[d.w_index(0, 0)] = 0x1p21;
+  for (int64_t i = 0; i < d.n; ++i) d.x[i * d.h] = 0x1p20;
+  for (int64_t i = 0; i < d.n; i += 5) d.labels[i] = 0;
+  return d;
+}
+
+// bf16 steps of 40 x h x v with class 0 so, with and without label smoothing.
+void check_steps_with_huge_class_0(int64_t h, int64_t v) {
+  for (double smoothing : {0.0, 0.1}) {
+    const Case c = head(40, h, v, 8).stored_as(Dtype::bf16)
+                       .grad_logits(GradLogitsDtype::storage).gradients_as(Dtype::bf16)
+                       .label_smoothing(smoothing);
+    check(with_huge_class_0(c.problem()), c.storage(), Pass::loss_and_grad);
+  }
+}
+
+// The tile kernels' codes (tiles of 16: tile 0's ref is 2^41).
+TEST_F(CudaGpu, StashedScoresFarBelowTheMaxReadAsMinusInfinity) {
+  setenv("FLCE_CUDA_FUSED", "0", 1);
+  ASSERT_EQ(stash_cols(Dtype::bf16), 48);
+  check_steps_with_huge_class_0(16, 150);
+}
+
+// The same through the fused kernel's paired conversion (every row's max
+// in the 256-class block is finite).
+TEST_F(CudaGpu, FusedStashedScoresFarBelowTheMaxReadAsMinusInfinity) {
+  SKIP_WITHOUT_FUSED();
+  stash_through_fused_tiles();
+  check_steps_with_huge_class_0(32, 1100);
 }
 
 TEST_F(CudaGpu, FusedStatesEachOptionAlone) {

@@ -127,7 +127,7 @@ inline int64_t padded_classes(int64_t v) { return v + 255; }
 
 // states[r * tiles + t] for the tile's rows (r relative to state_r0); with
 // tile.stash, also each row's ref (its max in the tile, or 0 if that is not
-// finite) and codes f16(ref - s), finite differences clamped to +-65504.
+// finite) and codes f16(ref - s) as stash_code does (softmax_state.cuh).
 void tile_states(const LossArgs& args, const ScoreTile& tile, int64_t t, int64_t tiles,
                  int64_t state_r0, TileState* states, cudaStream_t stream);
 

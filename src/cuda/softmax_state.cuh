@@ -68,24 +68,24 @@ inline __device__ int label_column(int64_t y, int64_t j0, int cols) {
   return y >= j0 && y < j0 + cols ? int(y - j0) : -1;
 }
 
-// A stashed score's code: the f16 bits of ref - s, finite differences
-// clamped to the f16 range (an infinity or NaN stays one), rounded to
-// nearest even; and back, s = ref - f32(code) (kernels.h, Stash).
+// A stashed score's code: the f16 bits of ref - s rounded to nearest even,
+// as the cpu backend's pack_scores codes it (simd/isa_kernels.h): a finite
+// difference above f16's range becomes +inf, which reads back as s = -inf
+// with p = 0, as that s's p is (e^-65504 underflows); one below it (ref 0
+// beside an infinite max) is raised to -65504; an infinity or NaN stays one.
+// Back: s = ref - f32(code) (kernels.h, Stash).
 inline __device__ uint16_t stash_code(float ref, float s) {
   float d = ref - s;
-  if (fabsf(d) < kInf) d = fminf(fmaxf(d, -65504.0f), 65504.0f);
+  if (fabsf(d) < kInf) d = fmaxf(d, -65504.0f);
   return __half_as_ushort(__float2half_rn(d));
 }
 // Two codes as one 32-bit pair (s0's in the low half), for a ref that is the
-// finite max of its scores, so that ref - s >= 0 or NaN: cvt's .satfinite
-// rounds to nearest even, takes a finite difference beyond f16's range to
-// 65504 as stash_code does and keeps a NaN, in one instruction for both. A
-// difference of +inf (s = -inf) may come out 65504 instead: it decodes to
-// a score at least 65504 below the row's max, whose p underflows to 0 just
-// as e^-inf is 0, so G is the same.
+// finite max of its scores, so that ref - s >= 0 or NaN: cvt.rn gives what
+// stash_code does there (+inf beyond f16's range, a NaN kept), in one
+// instruction for both.
 inline __device__ uint32_t stash_code_pair_below_max(float ref, float s0, float s1) {
   uint32_t pair;
-  asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(pair) : "f"(ref - s1), "f"(ref - s0));
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(pair) : "f"(ref - s1), "f"(ref - s0));
   return pair;
 }
 inline __device__ float unstash(float ref, uint16_t code) {
