@@ -58,11 +58,14 @@ std::string check_tensor(const char* name, const Tensor& t, int ndim, const char
                   dtype_list(dtypes).c_str());
   if (t.device != Device::cpu && t.device != Device::cuda)
     return format("%s: device value %d is not a flce::Device", name, int(t.device));
-  int64_t last = 0;  // offset of the last element, in elements
-  for (int d = 0; d < ndim; ++d) {
+  // Sizes first: an empty array's other strides may be 0 (numpy's (2, 0)
+  // has strides (0, 8)), and the size is what the caller must fix.
+  for (int d = 0; d < ndim; ++d)
     if (t.shape[d] <= 0)
       return format("%s: size %lld in dimension %d (shape %s); every size must be >= 1", name,
                     (long long)t.shape[d], d, shape_str(t).c_str());
+  int64_t last = 0;  // offset of the last element, in elements
+  for (int d = 0; d < ndim; ++d) {
     if (t.shape[d] > 1 && t.stride[d] < 1)
       return format("%s: stride[%d] = %lld; strides must be >= 1", name, d,
                     (long long)t.stride[d]);

@@ -352,6 +352,8 @@ TEST_F(ValidationSizes, ZeroAndNegative) {
     p = fwd();
     p.x.shape[1] = bad;
     reject(kForward, p, {"x", size});
+    p.x.stride[0] = 0;  // numpy's strides of an empty (N, 0) array: the size is named
+    reject(kForward, p, {"x", size + " in dimension 1"});
     p = fwd();
     p.w.shape[0] = bad;
     reject(kForward, p, {"w", size});
