@@ -333,9 +333,9 @@ def bench_shape(name, reps, variants, back_to_back=0, steady=0.0):
     xe.grad = we.grad = None
     row["eager_peak_extra_bytes"] = peak_extra_bytes(eager)
     first = variants[0]  # the table's, as cuda_targets judges
-    step_result = run(first, step)
+    step_result = run(first, step)()
     row["eager_loss"], row["flce_loss"] = eager()[0].item(), float(step_result.loss)
-    row["oracle"] = oracle_check(x, w, y, softcap, step_result, run(first, fwd))
+    row["oracle"] = oracle_check(x, w, y, softcap, step_result, run(first, fwd)())
     print(f"  {name} {first or 'default'} against the oracle at 8 rows: {row['oracle']}",
           flush=True)
     del step_result
