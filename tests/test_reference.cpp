@@ -686,6 +686,22 @@ TEST(ReferenceTolerance, BoundsGrowWithTheUnitRoundoff) {
   for (size_t k = 0; k < f64.grad_x.size(); ++k) EXPECT_GT(f32.grad_x[k], f64.grad_x[k]);
 }
 
+// A padding class masked by a logit of -1e30 has p = 0 and a logit bound
+// of about 6e22 in f32: the row's lse bound (Delta_i, log sum_j p_ij
+// e^{ds_ij}) must not take it, as max_j ds_ij did.
+TEST(ReferenceTolerance, AMaskedClassLeavesItsRowsLseBoundTight) {
+  DenseProblem d = Case::logits(4, 33, 2).problem();
+  Precision p32;
+  p32.u_accum = p32.u_store = p32.u_out = 0x1p-24;
+  const Bounds before = error_bounds(d, brute_force(d), p32);
+  for (int64_t i = 0; i < d.n; ++i) d.logits[i * d.v + d.v - 1] = -1e30;
+  const Bounds masked = error_bounds(d, brute_force(d), p32);
+  for (int64_t i = 0; i < d.n; ++i) {
+    EXPECT_GT(masked.logits[i * d.v + d.v - 1], 1e22);
+    EXPECT_LE(masked.lse[i], 2 * before.lse[i]) << "row " << i;
+  }
+}
+
 // The float64 bounds have teeth: a relative error of 1e-10 in any output
 // breaks them.
 TEST(ReferenceTolerance, Float64BoundsCatchARelativeErrorOf1e10) {

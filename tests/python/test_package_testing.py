@@ -143,6 +143,50 @@ def test_an_infinite_bound_is_a_construction_error_not_a_pass():
         ft.assert_close({"lse": r.lse * 3}, **inp, accumulate="float16")
 
 
+def _f32_logits_candidate(logits, labels, **_):
+    z = torch.tensor(logits, dtype=torch.float32, requires_grad=True)
+    loss = torch.nn.functional.cross_entropy(z, torch.as_tensor(labels))
+    loss.backward()
+    return {"loss": loss.detach().numpy(), "lse": torch.logsumexp(z, 1).detach().numpy(),
+            "grad_logits": z.grad.numpy()}
+
+
+@pytest.mark.parametrize("mask", [-1e6, float(np.finfo(np.float32).min)])
+def test_a_masked_class_leaves_its_rows_bounds_tight(mask):
+    # A padding class masked by a huge negative logit has p = 0 but a logit
+    # bound as large as the logit; the lse bound (Delta_i) once took the
+    # row's largest, 6e31 here, and a loss off by 0.5 passed.
+    inp = ft.make_inputs(n=32, h=16, v=128, entry="logits", seed=3)
+    inp["logits"][:, -1] = mask
+    good = _f32_logits_candidate(**inp)
+    ft.assert_close(good, **inp)
+    _, bound = ft.bounds(**inp, outputs=["lse"])
+    assert bound["lse"].max() < 1e-3
+    for wrong in ({"loss": good["loss"] + 0.5}, {"lse": good["lse"] - 0.5},
+                  {"grad_logits": good["grad_logits"] * 1.01}):
+        with pytest.raises(AssertionError, match="exceed C"):
+            ft.assert_close(wrong, **inp)
+
+
+@pytest.mark.parametrize("case", ["large_100", "large_1000"])
+def test_logits_stored_in_bf16_pass_with_large_logits(case):
+    # A candidate exact but for rounding its logits to bf16 (storage): with
+    # |s| in the hundreds the logit errors reach O(1), where p's relative
+    # error is e^relP - 1, not relP (grad_w failed at 1.78 and 247 times
+    # its bound before).
+    inp = ft.adversarial_inputs(case, dtype="bfloat16", like="torch", n=48)
+    x, w = inp["x"].double(), inp["w"].double()
+    z = (x @ w.T).to(torch.bfloat16).double()
+    y = inp["labels"]
+    g = torch.softmax(z, 1)
+    g[torch.arange(len(y)), y] -= 1
+    g /= len(y)
+    lse = torch.logsumexp(z, 1)
+    candidate = {"loss": (lse - z[torch.arange(len(y)), y]).mean().numpy(),
+                 "lse": lse.numpy(), "grad_x": (g @ w).numpy(), "grad_w": (g.T @ x).numpy()}
+    ft.assert_close(candidate, **inp, storage="bfloat16")
+
+
 def test_float32_candidate_fails_a_float64_claim():
     inp = _problem(dtype="float64")
     r32 = flce.loss_and_grad(**{**inp, "x": inp["x"].astype(np.float32),

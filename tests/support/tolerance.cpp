@@ -75,7 +75,7 @@ struct RowTerms {
   std::vector<double> eval;   // E_i, [n]
 };
 
-// Section 1: ds_ij and Delta_i.
+// Section 1: ds_ij, and max_j ds_ij, which row_bounds narrows to Delta_i.
 void logit_bounds(const DenseProblem& d, const BruteForce& x, const Precision& pr,
                   Bounds* b) {
   const double a = d.options.logit_scale, k = d.options.softcap;
@@ -113,6 +113,23 @@ void logit_bounds(const DenseProblem& d, const BruteForce& x, const Precision& p
   }
 }
 
+// Delta_i: how far lse_i = log sum_j e^{s_ij} moves when every s_ij moves by
+// up to ds_ij, log sum_j p_ij e^{ds_ij} = log1p(sum_j p_ij (e^{ds_ij} - 1))
+// (sum_j p_ij = 1): a sum of positive terms, so that the small Delta of a
+// normal row has no cancellation. A term is p expm1(ds) where ds <= 1, and
+// e^{logp + ds} - p beyond, so that a class whose p underflows still counts
+// if its ds is large enough. At most max_j ds_ij (max_ds), and unlike it
+// not set by a class whose p is 0: a vocabulary padding masked by a logit
+// of -1e30 has a ds of 1e23, which made every bound of its row useless.
+double lse_logit_error(const double* logp, const double* p, const double* ds, int64_t v,
+                       double max_ds) {
+  double sum = 0.0;
+  for (int64_t j = 0; j < v; ++j)
+    sum += ds[j] <= 1.0 ? pw(p[j], std::expm1(ds[j])) : std::exp(logp[j] + ds[j]) - p[j];
+  const double r = std::log1p(sum);
+  return std::isnan(r) ? max_ds : std::min(max_ds, r);
+}
+
 // Sections 2-4: lse, logprob, p, entropy.
 RowTerms row_bounds(const DenseProblem& d, const BruteForce& x, const Precision& pr,
                     double floor, Bounds* b) {
@@ -131,6 +148,8 @@ RowTerms row_bounds(const DenseProblem& d, const BruteForce& x, const Precision&
                         ua * (std::fabs(lse) + log_v) + 2.0 * ua * d.options.softcap +
                         kappa * ua * log_v + ua * std::fabs(lse) +
                         pr.u_saved_lse * std::fabs(lse);
+    b->row_logit[i] = lse_logit_error(&x.logp[i * d.v], &x.p[i * d.v], &b->logits[i * d.v],
+                                      d.v, b->row_logit[i]);
     const double dlse = b->row_logit[i] + eval;
     t.eval[i] = eval;
     t.dlse[i] = dlse;
@@ -142,6 +161,7 @@ RowTerms row_bounds(const DenseProblem& d, const BruteForce& x, const Precision&
       const double s = x.s[ij], p = x.p[ij], logp = x.logp[ij];
       const double rho = 2.0 * ua * (std::fabs(s) + std::fabs(lse) + log_v);
       t.dlogp[ij] = b->logits[ij] + dlse + rho;
+      // p's error as a logarithm: |p~/p - 1| <= expm1 of it (below).
       t.relp[ij] = t.dlogp[ij] + kappa * ua + ua * (std::fabs(s) + std::fabs(lse));
       from_logits += pw(p, std::fabs(s - mu) * b->logits[ij]);
       const double mag = pw(p, std::fabs(s) + std::fabs(logp));
@@ -262,13 +282,15 @@ void dlogits_bounds(const DenseProblem& d, const BruteForce& x, const Precision&
     double dmu = 0.0;
     for (int64_t j = 0; j < d.v; ++j) {
       const int64_t ij = i * d.v + j;
-      dmu += pw(x.p[ij], b->logits[ij] + std::fabs(x.s[ij]) * (t.relp[ij] + gv1));
+      dmu += pw(x.p[ij], b->logits[ij] + std::fabs(x.s[ij]) * (std::expm1(t.relp[ij]) + gv1));
     }
     for (int64_t j = 0; j < d.v; ++j) {
       const int64_t ij = i * d.v + j;
       const double p = x.p[ij], s = x.s[ij];
-      // The score and p as the gradient pass has them: ds + q, relP + q.
-      const double ds = b->logits[ij] + dq[ij], relp = t.relp[ij] + dq[ij];
+      // The score and p as the gradient pass has them: ds + q, and p's
+      // relative error e^{relP + q} - 1 (first order, relP + q, was too
+      // tight once logit errors reach O(1): bf16 logits of |s| ~ 300).
+      const double ds = b->logits[ij] + dq[ij], relp = std::expm1(t.relp[ij] + dq[ij]);
       const double T1 = std::fabs(q * A) * p;
       const double T2 = j == y ? std::fabs(q) * (1 - e) * cy : 0.0;
       const double T3 = std::fabs(q) * e / double(d.v) * d.class_weight(j);

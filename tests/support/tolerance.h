@@ -62,13 +62,16 @@
 // An exact logit of +-inf (an infinite logits entry) is exact: ds_ij = 0,
 // or (u_a + u_s) k under a softcap k (s = +-k, with k's conversion and the
 // storage).
-// Delta_i = max_j ds_ij, the row's worst logit error.
+// Delta_i = log sum_j p_ij e^{ds_ij} (formed from logp_ij + ds_ij), at most
+// max_j ds_ij, and unlike it blind to a class whose p is 0 (a vocabulary
+// padding masked by a logit of -1e30, whose ds is 1e23).
 //
 // ---------------------------------------------------------------------------
 // 2. Log-sum-exp
 // ---------------------------------------------------------------------------
-// lse is 1-Lipschitz in the max norm (its gradient p_i sums to 1), so the
-// logit errors move it by at most Delta_i (rigorously, not just first order).
+// Logit errors |d_ij| <= ds_ij move lse by log sum_j p_ij e^{d_ij}, within
+// +-Delta_i (the lower side by Jensen's inequality), rigorously, not just
+// to first order.
 // Evaluating it from the computed logits, with the max shift or online
 // (Blanchard, Higham and Higham, IMA J. Numer. Anal. 2021), adds
 //   E_i = gamma_V                    the sum of V positive terms, any order
@@ -114,7 +117,7 @@
 //   dlogp_ij = ds_ij + dlse_i + rho_ij.
 // bound(logprob_i) = dlogp_{i,y_i} + out(logp_{i,y_i}); ignored rows are 0
 // exactly (bound 0).
-// p_ij = exp(logp_ij) has relative error
+// p_ij = exp(logp_ij) has relative error e^{relP_ij} - 1, with
 //   relP_ij = dlogp_ij + kappa u_a + u_a (|s_ij| + |lse_i|)
 // (the last term: with the exponent formed as one FMA s log2(e) - o,
 // o = lse log2(e) rounded, the FMA's rounding is one of the two rho counts;
@@ -122,8 +125,11 @@
 // cover o's rounding, u |lse|, and log2(e)'s, u |s - lse|; or, where the
 // fused pass 2 forms it as t (k log2(e)) - o from t = tanh(z/k), with k
 // log2(e) rounded once, u |lse| + u |s|), so
-//   dp_ij = p_ij relP_ij + tiny(u_a)   (~ p (2 Delta + gamma_V) of the notes;
-//                                       tiny: exp underflowing to 0).
+//   dp_ij = p_ij expm1(relP_ij) + tiny(u_a)   (~ p (2 Delta + gamma_V) of
+//                                       the notes; tiny: exp underflowing
+//                                       to 0; expm1, not relP itself, once
+//                                       logit errors reach O(1), as bf16
+//                                       logits of |s| ~ 300 have).
 //
 // ---------------------------------------------------------------------------
 // 4. Entropy, H_i = lse_i - mu_i, mu_i = sum_j p_ij s_ij
@@ -173,11 +179,11 @@
 // e/V, the products by c_j and q), and the five are combined with 4 more, so
 // evaluation adds gamma_9 sum |T|. The
 // propagated errors of the computed factors add
-//   |T1| (relP_ij + rho_r) + |q_i| p_ij dA_i,
+//   |T1| (expm1(relP_ij) + rho_r) + |q_i| p_ij dA_i,
 //       dA_i = 2 l dlse_i + gamma_{V+5} ((1-e) c_y + (e/V) C + 2 l |lse_i|);
-//   (|T2| + |T3|) rho_r;  (|T4| + |T5|) relP_ij;
+//   (|T2| + |T3|) rho_r;  (|T4| + |T5|) expm1(relP_ij);
 //   |g_ent_i| p_ij (ds_ij + dmu_i),
-//       dmu_i = sum_j p_ij (ds_ij + |s_ij| (relP_ij + gamma_{V+1}));
+//       dmu_i = sum_j p_ij (ds_ij + |s_ij| (expm1(relP_ij) + gamma_{V+1}));
 //   nmin(u_a) (|q_i A_i| + |g_lse_i| + |g_ent_i| |s_ij - mu_i|)  (p underflow;
 //   nmin: the smallest normal, for an exp that flushes subnormal results to
 //   0, as the cuda backend's ex2.approx.ftz does).
@@ -226,7 +232,7 @@
 // The computed s_ij lies within ds_ij of the exact one, so class j can be the
 // computed argmax only if s_i,max - s_ij <= ds_ij + ds_i,max. A backend must
 // return such a class, hence exactly the oracle's one wherever the top two
-// logits are further apart than that (at most 2 Delta_i). A row with a NaN
+// logits are further apart than that (at most 2 max_j ds_ij). A row with a NaN
 // logit must return the first NaN's index.
 //
 // ---------------------------------------------------------------------------

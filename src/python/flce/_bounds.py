@@ -164,7 +164,7 @@ def _exact_rows(d, rows):
 
 
 def _logit_bounds(d, ex, pr):
-    """Section 1: ds_ij and Delta_i."""
+    """Section 1: ds_ij, and max_j ds_ij (narrowed to Delta_i in block_bounds)."""
     ua, us = pr.u_accum, pr.u_store
     g_dot = gamma(2.0 if d.logits_entry else d.h + 3.0, ua)
     z, s, mag = ex["z"], ex["s"], ex["m_abs"]
@@ -180,6 +180,18 @@ def _logit_bounds(d, ex, pr):
     return ds, ds.max(axis=1)
 
 
+def _lse_logit_error(logp, p, ds, max_ds):
+    """Delta_i: how far lse_i moves when every s_ij moves by up to ds_ij,
+    log1p(sum_j p_ij expm1(ds_ij)), a term e^{logp + ds} - p where ds > 1
+    (tolerance.cpp, lse_logit_error): at most max_j ds_ij, and not set by a
+    class whose p is 0 (a vocabulary padding masked by a logit of -1e30)."""
+    small = ds <= 1.0
+    term = np.where(small, pw(p, np.expm1(np.where(small, ds, 0.0))),
+                    np.exp(logp + ds) - p)
+    r = np.log1p(term.sum(axis=1))
+    return np.where(np.isnan(r), max_ds, np.minimum(max_ds, r))
+
+
 def block_bounds(d, pr, rows, want_grads):
     """Sections 1-6 for the rows `rows` (a slice). Returns the exact values
     and bounds the later sections and the caller need."""
@@ -189,7 +201,8 @@ def block_bounds(d, pr, rows, want_grads):
     ex = _exact_rows(d, rows)
     s, p, logp, lse, mu = ex["s"], ex["p"], ex["logp"], ex["lse"], ex["mu"]
     floor_a = (d.n + d.v + d.h + 8) * tiny(ua)
-    ds, delta = _logit_bounds(d, ex, pr)
+    ds, max_ds = _logit_bounds(d, ex, pr)
+    delta = _lse_logit_error(logp, p, ds, max_ds)
 
     # Section 2: lse.
     gv, gv1, gv5 = gamma(v, ua), gamma(v + 1.0, ua), gamma(v + 5.0, ua)
@@ -202,6 +215,7 @@ def block_bounds(d, pr, rows, want_grads):
     # Section 3: logp and p.
     rho = 2.0 * ua * (np.abs(s) + np.abs(lse)[:, None] + log_v)
     dlogp = ds + dlse[:, None] + rho
+    # p's relative error is expm1(relp) (where used below).
     relp = dlogp + KAPPA * ua + ua * (np.abs(s) + np.abs(lse)[:, None])
 
     # Section 4: entropy.
@@ -249,10 +263,11 @@ def block_bounds(d, pr, rows, want_grads):
     class_sum = float(d.c.sum())
     A = (1 - e) * cy + e / v * class_sum + 2 * l * lse
     dA = 2.0 * l * dlse + gv5 * ((1 - e) * cy + e / v * class_sum + 2 * l * np.abs(lse))
-    dmu = pw(p, ds + np.abs(s) * (relp + gv1)).sum(axis=1)
-    # The score and p as the gradient pass has them (u_q): ds + q, relP + q.
+    dmu = pw(p, ds + np.abs(s) * (np.expm1(relp) + gv1)).sum(axis=1)
+    # The score and p as the gradient pass has them (u_q): ds + q, and p's
+    # relative error expm1(relP + q).
     dq = _packed_score_errors(s, pr.u_packed, ua)
-    ds, relp = ds + dq, relp + dq
+    ds, relp = ds + dq, np.expm1(relp + dq)
     onehot = np.zeros_like(p, dtype=bool)
     onehot[at[~ignored], y[~ignored]] = True
     qc, Ac = q[:, None], A[:, None]
