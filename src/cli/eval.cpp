@@ -14,7 +14,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -168,6 +170,7 @@ void open_inputs(const Args& args, const Options& options, Inputs& in) {
     if ((i + 1) % kChunk == 0) in.labels.release_before(size_t(i + 1) * dtype_size(ly));
   }
   in.labels.release_before(size_t(in.n) * dtype_size(ly));
+  in.labels.rescan();  // the blocks read them again
 }
 
 // A progress bar on stderr, redrawn at most 10 times a second; only when
@@ -232,6 +235,68 @@ class Progress {
   Clock::time_point start_ = Clock::now(), last_;
 };
 
+// SIGINT or SIGTERM while output files are being filled: the block loop
+// stops at the next block (or after the last) and removes them; a second
+// signal removes them in the handler and ends the process at once.
+volatile sig_atomic_t g_signal = 0;
+
+// The temporary files' paths for that handler (unlink is async-signal-safe):
+// g_tmp_count of them are complete.
+constexpr int kMaxTmp = 3;
+char g_tmp_paths[kMaxTmp][PATH_MAX];
+volatile sig_atomic_t g_tmp_count = 0;
+
+void on_signal(int sig) {
+  if (g_signal == 0) {
+    g_signal = sig;
+    return;
+  }
+  for (int k = 0; k < g_tmp_count; ++k) ::unlink(g_tmp_paths[k]);
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
+// Stops the run (the Outputs' destructor removes their files) once a
+// signal came, saying `where`.
+void throw_if_interrupted(const std::string& where) {
+  if (g_signal != 0)
+    throw Failure{"interrupted by signal " + std::to_string(int(g_signal)) + " " + where +
+                  "; --out left as it was"};
+}
+
+void catch_interrupts() {
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
+// Adds `path` to the handler's list.
+void remove_on_second_signal(const std::string& path) {
+  if (g_tmp_count >= kMaxTmp || path.size() >= PATH_MAX) return;
+  std::memcpy(g_tmp_paths[g_tmp_count], path.c_str(), path.size() + 1);
+  std::atomic_signal_fence(std::memory_order_seq_cst);  // the path before the count
+  g_tmp_count = g_tmp_count + 1;
+}
+
+// SIGINT and SIGTERM held back while in scope: the renames of commit() are
+// all done or none, never cut by the handler.
+class SignalsHeld {
+ public:
+  SignalsHeld() {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    ::sigprocmask(SIG_BLOCK, &set, &saved_);
+  }
+  ~SignalsHeld() { ::sigprocmask(SIG_SETMASK, &saved_, nullptr); }
+
+ private:
+  sigset_t saved_;
+};
+
 // The per-token output files, under temporary names until commit().
 class Outputs {
  public:
@@ -253,6 +318,7 @@ class Outputs {
       std::string hidden(".");  // ".logprob.npy.tmp1234"
       hidden.append(name).append(suffix);
       File f{name, (fs::path(dir) / hidden).string(), std::make_unique<io::NpyOutFile>()};
+      remove_on_second_signal(f.tmp);
       files_.push_back(std::move(f));  // listed before creation: removed on failure
       if (auto e = files_.back().out->create(files_.back().tmp, dtype, {n}); !e.empty())
         throw Failure{"--out: " + e};
@@ -280,6 +346,7 @@ class Outputs {
       if (fs::exists(final_path, ec) && !fs::is_regular_file(final_path, ec))
         throw Failure{"--out: " + final_path.string() + " exists and is not a regular file"};
     }
+    const SignalsHeld held;
     for (File& f : files_) {
       const fs::path final_path = fs::path(dir_) / f.name;
       fs::rename(f.tmp, final_path, ec);
@@ -287,6 +354,7 @@ class Outputs {
                             ": " + ec.message()};
     }
     committed_ = true;
+    g_tmp_count = 0;  // renamed: nothing for the handler to remove
   }
 
  private:
@@ -298,21 +366,6 @@ class Outputs {
   std::vector<File> files_;
   bool committed_ = false;
 };
-
-// SIGINT or SIGTERM while output files are being filled: the block loop
-// stops at the next block and removes them (a second signal kills at once).
-volatile sig_atomic_t g_signal = 0;
-
-void on_signal(int sig) { g_signal = sig; }
-
-void catch_interrupts() {
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  sa.sa_flags = SA_RESETHAND;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-}
 
 // The summary statistics, summed in float64 in row order.
 struct Totals {
@@ -477,9 +530,7 @@ int eval(const Args& args) {
   const Tensor y_all = vector_view(in.labels.data(), in.labels.dtype(), N);
   for (int64_t r0 = 0; r0 < N; r0 += B) {
     const int64_t b = std::min(B, N - r0);
-    if (g_signal != 0)
-      throw Failure{"interrupted by signal " + std::to_string(int(g_signal)) + " at row " +
-                    std::to_string(r0) + " of " + std::to_string(N) + "; --out left as it was"};
+    throw_if_interrupted("at row " + std::to_string(r0) + " of " + std::to_string(N));
     if (r0 > 0) {
       status = compute(r0, b);
       if (!status.ok())
@@ -509,6 +560,7 @@ int eval(const Args& args) {
     progress.update(r0 + b);
   }
   progress.finish(N);
+  throw_if_interrupted("after the last row");  // a signal inside the last block
   if (outputs) outputs->commit();
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

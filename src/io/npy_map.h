@@ -68,6 +68,10 @@ class NpyMap {
   // read-only, so a later access would read them back from the file). Keeps
   // the resident memory of a front-to-back scan bounded.
   void release_before(size_t end);
+  // Starts another front-to-back scan: release_before drops from the start
+  // again (eval scans the labels once to check them, then block by block;
+  // without it the second scan's pages stayed resident, 8 bytes a row).
+  void rescan() { released_ = 0; }
 
  private:
   unsigned char* base_ = nullptr;  // the mapping; nullptr for an empty file
