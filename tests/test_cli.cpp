@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -268,6 +269,25 @@ TEST_F(CliCommands, BenchRefusesSizesBeyondTheMachine) {
     EXPECT_EQ(r.code, 2) << r.err;
     EXPECT_NE(r.err.find(c.message), std::string::npos) << r.err;
   }
+}
+
+// One JSON line; the GEMM timed beside the pass only where the cpu backend
+// ran it (the reference's JSON named a GEMM it never used and a ratio to it).
+TEST_F(CliCommands, BenchComparesWithTheGemmOnlyWhereTheCpuBackendRan) {
+  const Args small = {"bench", "--n", "64", "--h", "32", "--v", "300", "--reps", "2",
+                      "--threads", "1"};
+  Result r = run(small);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  EXPECT_NE(r.out.find("\"backend\": \"cpu\""), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("\"ratio_to_gemm\": null"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("\"gemm\": null"), std::string::npos) << r.out;
+  r = run(plus(small, {"--backend", "reference"}));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("\"backend\": \"reference\""), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"gemm_seconds\": null, \"ratio_to_gemm\": null"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("\"gemm\": null"), std::string::npos) << r.out;
 }
 
 // ---------------------------------------------------------------------------
@@ -579,6 +599,7 @@ TEST_F(CliOptions, OutOfRangeValues) {
       {"--z-loss", "inf"},        {"--logit-scale", "0"},       {"--logit-scale", "-1"},
       {"--logit-scale", "nan"},   {"--logit-scale", "inf"},     {"--threads", "0"},
       {"--threads", "-1"},        {"--threads", "5000"},
+      {"--softcap", "1e999"},     {"--softcap", "1e-400"},  // overflow; underflow to 0 (was off)
   };
   for (const auto& [flag, value] : cases) {
     SCOPED_TRACE(flag + " " + value);

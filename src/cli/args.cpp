@@ -51,7 +51,10 @@ std::string Args::get_double(const std::string& name, double* out) const {
   errno = 0;
   const double v = std::strtod(text.c_str(), &end);
   if (text.empty() || *end != '\0') return "--" + name + ": '" + text + "' is not a number";
-  if (errno == ERANGE && std::fabs(v) > 1) return "--" + name + ": '" + text + "' is out of range";
+  // ERANGE: overflow, or underflow, which a subnormal survives but a 0 from
+  // nonzero text (1e-400) does not: that would turn an option off unasked.
+  if (errno == ERANGE && (std::fabs(v) > 1 || v == 0))
+    return "--" + name + ": '" + text + "' is out of range";
   *out = v;
   return "";
 }

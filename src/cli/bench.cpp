@@ -259,6 +259,14 @@ void print_result(const Setup& s, const Timing& t, double gemm_seconds, long pea
   const double gemms = s.pass == 0 ? 1 : 3;
   const double flops = 2.0 * double(s.n) * double(s.h) * double(s.v) * gemms;
   const RunStats& r = st.stats;
+  // null where no GEMM was timed beside the pass (no native GEMM in the
+  // dtype, or a backend that runs none of the engine's), and no engine
+  // named where the backend that ran uses none.
+  char gemm_json[96] = "\"gemm_seconds\": null, \"ratio_to_gemm\": null";
+  if (gemm_seconds > 0)
+    std::snprintf(gemm_json, sizeof gemm_json, "\"gemm_seconds\": %.6g, \"ratio_to_gemm\": %.4g",
+                  gemm_seconds * gemms, t.median / (gemm_seconds * gemms));
+  const std::string gemm_name = gemm ? std::string("\"") + gemm + "\"" : "null";
   char eps[48], compared[256] = "";
   std::snprintf(eps, sizeof eps, s.options.filter_eps == kFilterEpsAuto ? "\"auto\"" : "%g",
                 s.options.filter_eps);
@@ -273,21 +281,20 @@ void print_result(const Setup& s, const Timing& t, double gemm_seconds, long pea
       "\"softcap\": %g, \"grad_logits\": \"%s\", \"grad_dtype\": \"%s\", \"data\": \"%s\", "
       "\"filter_eps\": %s, "
       "\"seconds\": %.6g, \"min_seconds\": %.6g, "
-      "\"tokens_per_s\": %.6g, \"gflops\": %.6g, \"gemm_seconds\": %.6g, \"ratio_to_gemm\": %.4g, "
+      "\"tokens_per_s\": %.6g, \"gflops\": %.6g, %s, "
       "\"peak_extra_bytes\": %ld, \"peak_rss_bytes\": %ld, \"workspace_bytes\": %zu, "
       "\"grad_blocks\": %lld, "
       "\"grad_blocks_skipped\": %lld, \"skipped_fraction\": %.4g, %s\"backend\": \"%s\", "
-      "\"gemm\": \"%s\", \"isa\": \"%s\", \"threads\": %d}\n",
+      "\"gemm\": %s, \"isa\": \"%s\", \"threads\": %d}\n",
       (long long)s.n, (long long)s.h, (long long)s.v, dtype_name(s.dtype),
       s.pass == 0 ? "fwd" : s.pass == 1 ? "bwd" : "step", s.options.softcap,
       s.options.grad_logits_dtype == GradLogitsDtype::f32 ? "f32" : "storage",
       dtype_name(s.grad_dtype), s.data == 0 ? "gaussian" : "peaky", eps, t.median, t.min,
-      double(s.n) / t.median, flops / t.median * 1e-9, gemm_seconds * gemms,
-      gemm_seconds > 0 ? t.median / (gemm_seconds * gemms) : 0.0, peak_extra,
+      double(s.n) / t.median, flops / t.median * 1e-9, gemm_json, peak_extra,
       process_peak_rss_bytes(), workspace,
       (long long)r.grad_blocks, (long long)r.grad_blocks_skipped,
       r.grad_blocks > 0 ? double(r.grad_blocks_skipped) / double(r.grad_blocks) : 0.0, compared,
-      st.backend.c_str(), gemm, isa, s.threads);
+      st.backend.c_str(), gemm_name.c_str(), isa, s.threads);
 }
 
 // --backend cuda: the problem copied to GPU 0 once, each call timed to a
@@ -347,8 +354,9 @@ int run_bench(const Args& args) {
     t = time_pass(s, [&] { run(p); }, peak, &peak_extra, gemm);
   }
   const Timing g = gemm.timing();
-  print_result(s, t, native ? g.median : 0.0, peak_extra, workspace, st, engine->name(),
-               simd::best_kernels().isa, filter);
+  const bool cpu_ran = st.backend == "cpu";  // the only backend that runs the engine
+  print_result(s, t, native && cpu_ran ? g.median : 0.0, peak_extra, workspace, st,
+               cpu_ran ? engine->name() : nullptr, simd::best_kernels().isa, filter);
   return 0;
 }
 
