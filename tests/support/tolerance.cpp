@@ -130,6 +130,16 @@ double lse_logit_error(const double* logp, const double* p, const double* ds, in
   return std::isnan(r) ? max_ds : std::min(max_ds, r);
 }
 
+// p's relative error from its error as a logarithm, e^{relP} - 1 (relP
+// itself was too tight once logit errors reach O(1): bf16 logits of |s| ~
+// 300), and at most 1/p: p and the computed p both lie in [0, 1] (where a
+// logit error is as large as 2^17, beside a logit of 2^41, e^{relP}
+// overflowed and its bounds became NaN).
+double p_rel_error(double rel_p, double p) {
+  const double r = std::expm1(rel_p);
+  return p > 0 ? std::min(r, 1.0 / p) : r;
+}
+
 // Sections 2-4: lse, logprob, p, entropy.
 RowTerms row_bounds(const DenseProblem& d, const BruteForce& x, const Precision& pr,
                     double floor, Bounds* b) {
@@ -161,7 +171,7 @@ RowTerms row_bounds(const DenseProblem& d, const BruteForce& x, const Precision&
       const double s = x.s[ij], p = x.p[ij], logp = x.logp[ij];
       const double rho = 2.0 * ua * (std::fabs(s) + std::fabs(lse) + log_v);
       t.dlogp[ij] = b->logits[ij] + dlse + rho;
-      // p's error as a logarithm: |p~/p - 1| <= expm1 of it (below).
+      // p's error as a logarithm (p_rel_error: its relative error).
       t.relp[ij] = t.dlogp[ij] + kappa * ua + ua * (std::fabs(s) + std::fabs(lse));
       from_logits += pw(p, std::fabs(s - mu) * b->logits[ij]);
       const double mag = pw(p, std::fabs(s) + std::fabs(logp));
@@ -282,15 +292,13 @@ void dlogits_bounds(const DenseProblem& d, const BruteForce& x, const Precision&
     double dmu = 0.0;
     for (int64_t j = 0; j < d.v; ++j) {
       const int64_t ij = i * d.v + j;
-      dmu += pw(x.p[ij], b->logits[ij] + std::fabs(x.s[ij]) * (std::expm1(t.relp[ij]) + gv1));
+      dmu += pw(x.p[ij], b->logits[ij] + std::fabs(x.s[ij]) * (p_rel_error(t.relp[ij], x.p[ij]) + gv1));
     }
     for (int64_t j = 0; j < d.v; ++j) {
       const int64_t ij = i * d.v + j;
       const double p = x.p[ij], s = x.s[ij];
-      // The score and p as the gradient pass has them: ds + q, and p's
-      // relative error e^{relP + q} - 1 (first order, relP + q, was too
-      // tight once logit errors reach O(1): bf16 logits of |s| ~ 300).
-      const double ds = b->logits[ij] + dq[ij], relp = std::expm1(t.relp[ij] + dq[ij]);
+      // The score and p as the gradient pass has them: ds + q, relP + q.
+      const double ds = b->logits[ij] + dq[ij], relp = p_rel_error(t.relp[ij] + dq[ij], p);
       const double T1 = std::fabs(q * A) * p;
       const double T2 = j == y ? std::fabs(q) * (1 - e) * cy : 0.0;
       const double T3 = std::fabs(q) * e / double(d.v) * d.class_weight(j);

@@ -180,6 +180,14 @@ def _logit_bounds(d, ex, pr):
     return ds, ds.max(axis=1)
 
 
+def _p_rel_error(rel_p, p):
+    """p's relative error from its error as a logarithm: expm1(relP), at
+    most 1/p (p and the computed p lie in [0, 1]; tolerance.cpp,
+    p_rel_error)."""
+    r = np.expm1(rel_p)
+    return np.where(p > 0, np.minimum(r, 1.0 / np.where(p > 0, p, 1.0)), r)
+
+
 def _lse_logit_error(logp, p, ds, max_ds):
     """Delta_i: how far lse_i moves when every s_ij moves by up to ds_ij,
     log1p(sum_j p_ij expm1(ds_ij)), a term e^{logp + ds} - p where ds > 1
@@ -215,7 +223,7 @@ def block_bounds(d, pr, rows, want_grads):
     # Section 3: logp and p.
     rho = 2.0 * ua * (np.abs(s) + np.abs(lse)[:, None] + log_v)
     dlogp = ds + dlse[:, None] + rho
-    # p's relative error is expm1(relp) (where used below).
+    # p's error as a logarithm (_p_rel_error: its relative error).
     relp = dlogp + KAPPA * ua + ua * (np.abs(s) + np.abs(lse)[:, None])
 
     # Section 4: entropy.
@@ -263,11 +271,10 @@ def block_bounds(d, pr, rows, want_grads):
     class_sum = float(d.c.sum())
     A = (1 - e) * cy + e / v * class_sum + 2 * l * lse
     dA = 2.0 * l * dlse + gv5 * ((1 - e) * cy + e / v * class_sum + 2 * l * np.abs(lse))
-    dmu = pw(p, ds + np.abs(s) * (np.expm1(relp) + gv1)).sum(axis=1)
-    # The score and p as the gradient pass has them (u_q): ds + q, and p's
-    # relative error expm1(relP + q).
+    dmu = pw(p, ds + np.abs(s) * (_p_rel_error(relp, p) + gv1)).sum(axis=1)
+    # The score and p as the gradient pass has them (u_q): ds + q, relP + q.
     dq = _packed_score_errors(s, pr.u_packed, ua)
-    ds, relp = ds + dq, np.expm1(relp + dq)
+    ds, relp = ds + dq, _p_rel_error(relp + dq, p)
     onehot = np.zeros_like(p, dtype=bool)
     onehot[at[~ignored], y[~ignored]] = True
     qc, Ac = q[:, None], A[:, None]
