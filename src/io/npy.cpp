@@ -7,10 +7,13 @@
 // spaces and a final '\n'. The raw array data follows the header.
 #include "io/npy.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <bit>
 #include <cctype>
 #include <cerrno>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -430,8 +433,12 @@ int64_t NpyArray::numel() const {
   return n;
 }
 
-std::string parse_npy(const unsigned char* data, size_t size,
-                      const std::string& name, NpyArray* out) {
+namespace {
+
+// What parse_npy checks, without copying the data: the array's dtype and
+// shape into *out (bytes left alone), where its data starts and its size.
+std::string parse_npy_layout(const unsigned char* data, size_t size, const std::string& name,
+                             NpyArray* out, size_t* data_offset, size_t* data_bytes) {
   auto fail = [&](const std::string& what) { return name + ": " + what; };
   if (size < kMagicLen)
     return fail("file is " + std::to_string(size) +
@@ -488,14 +495,30 @@ std::string parse_npy(const unsigned char* data, size_t size,
 
   out->dtype = type->dtype;
   out->shape = std::move(h.shape);
-  out->bytes.assign(body, body + nbytes);  // trailing bytes are ignored
+  *data_offset = size_t(body - data);
+  *data_bytes = size_t(nbytes);  // trailing bytes are ignored
+  return "";
+}
+
+}  // namespace
+
+std::string parse_npy(const unsigned char* data, size_t size,
+                      const std::string& name, NpyArray* out) {
+  size_t offset = 0, nbytes = 0;
+  if (auto e = parse_npy_layout(data, size, name, out, &offset, &nbytes); !e.empty()) return e;
+  out->bytes.assign(data + offset, data + offset + nbytes);
   return "";
 }
 
 std::string read_npy(const std::string& path, NpyArray* out) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (f == nullptr) return path + ": cannot open: " + std::strerror(errno);
+  // The whole file in one buffer of its size, which then becomes the
+  // array's bytes in place: memory peaks at the file's size, not at the
+  // 1.6x that a growing buffer plus a copy of the data took.
   std::vector<unsigned char> contents;
+  struct stat st {};
+  if (::fstat(::fileno(f), &st) == 0 && st.st_size > 0) contents.reserve(size_t(st.st_size));
   unsigned char chunk[1 << 16];
   size_t got;
   while ((got = std::fread(chunk, 1, sizeof chunk, f)) > 0)
@@ -506,7 +529,14 @@ std::string read_npy(const std::string& path, NpyArray* out) {
     return path + ": cannot read: " + std::strerror(e);
   }
   std::fclose(f);
-  return parse_npy(contents.data(), contents.size(), path, out);
+  size_t offset = 0, nbytes = 0;
+  if (auto e = parse_npy_layout(contents.data(), contents.size(), path, out, &offset, &nbytes);
+      !e.empty())
+    return e;
+  contents.erase(contents.begin(), contents.begin() + std::ptrdiff_t(offset));
+  contents.resize(nbytes);
+  out->bytes = std::move(contents);
+  return "";
 }
 
 std::vector<unsigned char> encode_npy(const NpyArray& array, int version) {
