@@ -465,3 +465,16 @@ def test_gil_is_released_during_a_call():
     # With the GIL held for the call, this loop would stall for all of it.
     assert gaps.max() < 0.5 * done["seconds"], (gaps.max(), done["seconds"])
     assert len(stamps) > 1000
+
+
+def test_binding_range_checks_name_the_bad_value():
+    # The Python layer never passes these, so the binding's own checks are
+    # reached only by calling it directly.
+    binding = flce._flce
+    x = np.zeros((2, 3), np.float32)
+    desc = (x.ctypes.data, "f32", (2, 3), (3, 1), "cpu")
+    for index in (-1, 2**40):
+        with pytest.raises(ValueError, match=rf"x: device index {index} is out of range"):
+            binding.run("forward", {"x": desc + (index,)}, {}, {})
+    with pytest.raises(ValueError, match=r"workspace: -5 bytes"):
+        binding.run("forward", {"x": desc + (0,)}, {}, {"workspace": (0, -5)})
