@@ -753,7 +753,7 @@ TEST_F(EvalErrors, InterruptRemovesTheTemporaryFiles) {
 
 TEST_F(EvalErrors, InterruptDuringTheLastBlockLeavesOutAsItWas) {
   // Two blocks of about a second each on the reference backend; the files
-  // appear after the first, and the signal comes 0.3 s later, inside the
+  // appear after the first, and the signal comes 0.1 s later, inside the
   // last block, whose end no block-start check follows: eval used to commit
   // and exit 0. (Had the signal come before the second block's check, the
   // outcome is the same.)
@@ -769,7 +769,7 @@ TEST_F(EvalErrors, InterruptDuringTheLastBlockLeavesOutAsItWas) {
   const Args args = {"eval", "--x", tmp.file("x_wide.npy"), "--w", tmp.file("w_wide.npy"),
                      "--labels", tmp.file("y_wide.npy"), "--block-rows", "2048", "--backend",
                      "reference", "--threads", "1", "--out", out};
-  const Interrupted r = interrupt_eval(args, out, tmp.file("interrupt_stderr.txt"), 300000);
+  const Interrupted r = interrupt_eval(args, out, tmp.file("interrupt_stderr.txt"), 100000);
   ASSERT_TRUE(r.started) << "the output files never appeared";
   ASSERT_TRUE(WIFEXITED(r.status)) << "killed by a signal instead of stopping cleanly";
   EXPECT_EQ(WEXITSTATUS(r.status), 2) << r.err;
@@ -779,7 +779,7 @@ TEST_F(EvalErrors, InterruptDuringTheLastBlockLeavesOutAsItWas) {
   // A second signal 50 ms after the first ends eval at once (or the first
   // stopped it already): either way no temporary file stays behind (they
   // did: the second signal killed eval before its cleanup).
-  const Interrupted twice = interrupt_eval(args, out, tmp.file("interrupt_stderr.txt"), 300000,
+  const Interrupted twice = interrupt_eval(args, out, tmp.file("interrupt_stderr.txt"), 100000,
                                            true);
   ASSERT_TRUE(twice.started) << "the output files never appeared";
   EXPECT_TRUE(WIFSIGNALED(twice.status) ? WTERMSIG(twice.status) == SIGINT

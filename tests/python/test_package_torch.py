@@ -186,6 +186,22 @@ def test_mixed_dtypes_get_float32_gradients_rounded_once():
     norm_close("grad_x", x.grad.float(), xr.grad, 1e-3)  # float16's rounding, 2^-11
 
 
+def test_a_float64_weight_makes_the_loss_and_lse_float64():
+    # x float32, W float64: the lse was float32, and a recomputed backward
+    # (grads_in_forward=False, or a second backward) read it rounded: W's
+    # float64 gradient was off by 2.6e-7 relative, 6.9e-16 with x float64.
+    torch.manual_seed(3)
+    x = torch.randn(16, 8) * 3
+    w = torch.randn(11, 8, dtype=torch.float64, requires_grad=True)
+    y = torch.randint(0, 11, (16,))
+    loss, lse = linear_cross_entropy(x, w, y, return_lse=True, grads_in_forward=False)
+    assert loss.dtype == lse.dtype == torch.float64
+    loss.backward()
+    wr = w.detach().clone().requires_grad_(True)
+    F.cross_entropy(x.double() @ wr.T, y).backward()
+    norm_close("grad_w", w.grad, wr.grad, 1e-12)
+
+
 def _autocast_cpu_or_skip():
     if not hasattr(torch, "autocast") or not hasattr(torch, "is_autocast_cpu_enabled"):
         pytest.skip(f"torch {torch.__version__} has no CPU autocast")
@@ -241,7 +257,7 @@ def test_gradients_computed_in_forward(dtype, monkeypatch):
     loss, xa, wa, ba = _step(x, w, b, y)
     flce.testing.assert_close({"loss": loss.detach(), "grad_x": xa.grad, "grad_w": wa.grad,
                                "grad_bias": ba.grad}, x, w, y, bias=b)
-    for scale in (1.0, 4.0, -0.5, 2.0 ** -20, 2.0 ** 16):
+    for scale in (1.0, 4.0, -0.5, 2.0 ** -20, 2.0 ** 16, 0.0):  # 0: exact, no warning either
         _, xs, ws, bs = _step(x, w, b, y, scale)
         want = flce.loss_and_grad(x, w, y, bias=b, grad_loss=scale, grad_dtype="input",
                                   backend="cpu")

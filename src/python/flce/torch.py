@@ -97,6 +97,12 @@ def _takes_grads_in_forward(config, wanted, x, w, bias):
         all(t.dtype != torch.float16 for t in (x, w, bias) if t is not None)
 
 
+def _any_float64(*tensors):
+    """Whether the loss and lse are float64: when any of x, W and bias is
+    (a float32 lse would round what a recomputed float64 backward reads)."""
+    return any(t is not None and t.dtype == torch.float64 for t in tensors)
+
+
 class LinearCrossEntropyFunction(torch.autograd.Function):
     """apply(x [N,H], w, bias or None, labels [N], token_weights or None,
     class_weights or None, config) -> (loss, lse[, entropy]). Use
@@ -106,7 +112,7 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
     def forward(ctx, x, w, bias, labels, token_weights, class_weights, config):
         ctx.set_materialize_grads(False)  # unused outputs: None, not zeros
         outputs = ("loss", "lse", "entropy") if config.want_entropy else ("loss", "lse")
-        out_dtype = "float64" if x.dtype == torch.float64 else "float32"
+        out_dtype = "float64" if _any_float64(x, w, bias) else "float32"
         args = dict(bias=bias, token_weights=token_weights, class_weights=class_weights,
                     outputs=outputs, out_dtype=out_dtype, **config.options, **config.run)
         wanted = _wanted_grads(ctx, x, w, bias)
@@ -148,10 +154,12 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
         unit, ctx.unit_grads = ctx.unit_grads, None
         if unit is not None and grad_lse is None and grad_entropy is None:
             scale = float(grad_loss)  # 0-d: mean or sum
-            # A power of two scales exactly; float32 and float64 gradients
-            # take any other finite scale at one more rounding of their own.
+            # A power of two or 0 scales exactly, and inf or NaN gives what
+            # a recomputation would; float32 and float64 gradients take any
+            # other scale at one more rounding of their own.
             wide = all(g is None or g.dtype in (torch.float32, torch.float64) for g in unit)
-            if _power_of_two(scale) or (wide and math.isfinite(scale)):
+            exact = scale == 0 or _power_of_two(scale) or not math.isfinite(scale)
+            if exact or wide:
                 grads = [g if g is None or scale == 1.0 else g.mul_(scale) for g in unit]
                 return tuple(grads) + (None,) * 4
             warnings.warn(f"flce.torch: the loss was differentiated by {scale:g}, not a power of "
@@ -176,7 +184,7 @@ class _NoRows(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, bias, loss_shape, rows):
         ctx.save_for_backward(x, w, bias)
-        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+        dtype = torch.float64 if _any_float64(x, w, bias) else torch.float32
         zeros = [torch.zeros(shape, dtype=dtype, device=x.device)
                  for shape in (loss_shape, rows, rows)]
         return tuple(zeros)
