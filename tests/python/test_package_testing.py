@@ -187,6 +187,24 @@ def test_logits_stored_in_bf16_pass_with_large_logits(case):
     ft.assert_close(candidate, **inp, storage="bfloat16")
 
 
+def test_p_bounds_hold_where_logit_errors_pass_p_itself():
+    # A saved lse rounded to bf16 below both logits: the backward's p is
+    # e^1.2 = 3.32 against 0.5, within the bound only if p's error is not
+    # capped at 1 (a cap the first fix had).
+    s = float(np.float32(997.2))
+    logits, y = np.array([[s, s]]), np.array([0])
+    lse_saved = float(torch.tensor(s + np.log(2)).to(torch.bfloat16))
+    p = float(np.exp(np.float32(s - lse_saved)))
+    ft.assert_close({"grad_logits": np.array([[p - 1, p]])}, logits=logits, labels=y,
+                    reduction="sum", saved_lse="bfloat16")
+    # Logits 2^20 + 4095 and 2^20 - 2047 both stored as 2^20 in bf16: the
+    # exact p = (1, 0) in float64, the candidate's (0.5, 0.5). The second
+    # class's p underflows, yet its logit bound (4088) allows any p.
+    x, w = np.array([[1.0]]), np.array([[2.0**20 + 4095], [2.0**20 - 2047]])
+    ft.assert_close({"grad_w": np.array([[-0.5], [0.5]])}, x, w, y, reduction="sum",
+                    storage="bfloat16", accumulate="float32")
+
+
 def test_float32_candidate_fails_a_float64_claim():
     inp = _problem(dtype="float64")
     r32 = flce.loss_and_grad(**{**inp, "x": inp["x"].astype(np.float32),

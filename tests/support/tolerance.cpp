@@ -66,6 +66,9 @@ constexpr double kappa = kFunctionUlps;
 
 // p * q with 0 * anything = 0 (a class with p = 0 contributes nothing).
 double pw(double p, double q) { return p == 0.0 ? 0.0 : p * q; }
+// a * b with a 0 on either side giving 0: a coefficient of 0 (an ignored
+// row, no cotangent) times a dp that no finite bound holds.
+double mul0(double a, double b) { return a == 0.0 || b == 0.0 ? 0.0 : a * b; }
 
 // What each row needs from sections 1-4, kept for sections 5-6.
 struct RowTerms {
@@ -130,14 +133,26 @@ double lse_logit_error(const double* logp, const double* p, const double* ds, in
   return std::isnan(r) ? max_ds : std::min(max_ds, r);
 }
 
-// p's relative error from its error as a logarithm, e^{relP} - 1 (relP
-// itself was too tight once logit errors reach O(1): bf16 logits of |s| ~
-// 300), and at most 1/p: p and the computed p both lie in [0, 1] (where a
-// logit error is as large as 2^17, beside a logit of 2^41, e^{relP}
-// overflowed and its bounds became NaN).
-double p_rel_error(double rel_p, double p) {
-  const double r = std::expm1(rel_p);
-  return p > 0 ? std::min(r, 1.0 / p) : r;
+// dp_ij: how far the gradient pass's p can be from p_ij, given p's error
+// as a logarithm rel_p: p e^{rel_p} - p (first order, p rel_p, was too
+// tight once logit errors reach O(1), as bf16 logits of |s| ~ 300 have),
+// formed without cancellation as in lse_logit_error (so a p that underflows
+// still counts), and at most p_max, the largest p that pass can compute.
+double p_error(double logp, double p, double rel_p, double p_max) {
+  if (logp == -INFINITY) return 0.0;  // s = -inf, or lse = +inf: p is 0 exactly, as computed
+  const double e = rel_p <= 1.0 ? pw(p, std::expm1(rel_p)) : std::exp(logp + rel_p) - p;
+  return std::isnan(e) ? e : std::min(e, p_max);
+}
+
+// p_max_ij: the gradient pass computes p as e^{s - lse} from an lse at
+// least the forward's largest score less (u_a + u_l)|lse_i| + E_i (the
+// max's own term is 1, so the sum's log is >= 0; then adding the max back,
+// a stored lse, the evaluation), and from that pass's scores, which are
+// the forward's or read back from packed scores (q_ij), so at most
+// e^{q_ij + (u_a + u_l)|lse_i| + E_i} (1 + kappa u_a) (tolerance.h, section 3).
+double p_max(double q, double lse, double eval, const Precision& pr) {
+  return std::exp(q + (pr.u_accum + pr.u_saved_lse) * std::fabs(lse) + eval) *
+         (1.0 + kappa * pr.u_accum);
 }
 
 // Sections 2-4: lse, logprob, p, entropy.
@@ -171,7 +186,7 @@ RowTerms row_bounds(const DenseProblem& d, const BruteForce& x, const Precision&
       const double s = x.s[ij], p = x.p[ij], logp = x.logp[ij];
       const double rho = 2.0 * ua * (std::fabs(s) + std::fabs(lse) + log_v);
       t.dlogp[ij] = b->logits[ij] + dlse + rho;
-      // p's error as a logarithm (p_rel_error: its relative error).
+      // p's error as a logarithm (p_error: how far p itself can move).
       t.relp[ij] = t.dlogp[ij] + kappa * ua + ua * (std::fabs(s) + std::fabs(lse));
       from_logits += pw(p, std::fabs(s - mu) * b->logits[ij]);
       const double mag = pw(p, std::fabs(s) + std::fabs(logp));
@@ -292,21 +307,26 @@ void dlogits_bounds(const DenseProblem& d, const BruteForce& x, const Precision&
     double dmu = 0.0;
     for (int64_t j = 0; j < d.v; ++j) {
       const int64_t ij = i * d.v + j;
-      dmu += pw(x.p[ij], b->logits[ij] + std::fabs(x.s[ij]) * (p_rel_error(t.relp[ij], x.p[ij]) + gv1));
+      const double p = x.p[ij];
+      const double dp = p_error(x.logp[ij], p, t.relp[ij], p_max(0.0, lse, t.eval[i], pr));
+      dmu += pw(p, b->logits[ij]) + pw(dp + p * gv1, std::fabs(x.s[ij]));
     }
     for (int64_t j = 0; j < d.v; ++j) {
       const int64_t ij = i * d.v + j;
       const double p = x.p[ij], s = x.s[ij];
-      // The score and p as the gradient pass has them: ds + q, relP + q.
-      const double ds = b->logits[ij] + dq[ij], relp = p_rel_error(t.relp[ij] + dq[ij], p);
+      // The score and p as the gradient pass has them: ds + q, and relP + q.
+      const double ds = b->logits[ij] + dq[ij];
+      const double dp = p_error(x.logp[ij], p, t.relp[ij] + dq[ij],
+                                p_max(dq[ij], lse, t.eval[i], pr));
       const double T1 = std::fabs(q * A) * p;
       const double T2 = j == y ? std::fabs(q) * (1 - e) * cy : 0.0;
       const double T3 = std::fabs(q) * e / double(d.v) * d.class_weight(j);
       const double T4 = std::fabs(g_lse) * p;
       const double T5 = std::fabs(g_ent) * pw(p, std::fabs(s - mu));
-      double dgs = g9 * (T1 + T2 + T3 + T4 + T5) + pw(T1, relp + rho_r) +
-                   pw(std::fabs(q) * p, dA) + (T2 + T3) * rho_r + pw(T4 + T5, relp) +
-                   std::fabs(g_ent) * pw(p, ds + dmu);
+      double dgs = g9 * (T1 + T2 + T3 + T4 + T5) + mul0(std::fabs(q * A), dp) + T1 * rho_r +
+                   pw(std::fabs(q) * p, dA) + (T2 + T3) * rho_r + mul0(std::fabs(g_lse), dp) +
+                   mul0(std::fabs(g_ent) * std::fabs(s - mu), dp) +
+                   mul0(std::fabs(g_ent), pw(p, ds + dmu));
       dgs += p_underflow * (std::fabs(q * A) + std::fabs(g_lse) +
                        (g_ent != 0 && std::isfinite(s) ? std::fabs(g_ent * (s - mu)) : 0.0));
       const double gs = x.grad_s[ij];

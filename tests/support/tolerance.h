@@ -124,13 +124,21 @@
 // the other's share of rho and this term, 2 u (|s| + |lse|) together,
 // cover o's rounding, u |lse|, and log2(e)'s, u |s - lse|; or, where the
 // fused pass 2 forms it as t (k log2(e)) - o from t = tanh(z/k), with k
-// log2(e) rounded once, u |lse| + u |s|). Write
-//   P_ij = min(e^{relP_ij} - 1, 1 / p_ij)
-// (e^{relP} - 1, not relP itself, once logit errors reach O(1), as bf16
-// logits of |s| ~ 300 have; at most 1/p, as p and the computed p lie in
-// [0, 1], which keeps P finite beside a logit of 2^41), so
-//   dp_ij = p_ij P_ij + tiny(u_a)   (~ p (2 Delta + gamma_V) of the notes;
-//                                    tiny: exp underflowing to 0).
+// log2(e) rounded once, u |lse| + u |s|), so the gradient pass's p is
+// within
+//   dp_ij = min(p_ij (e^{relP_ij} - 1), pmax_ij) + tiny(u_a)
+// of p_ij (~ p (2 Delta + gamma_V) of the notes; tiny: exp underflowing to
+// 0). e^{relP} - 1, not relP itself: logit errors of O(1), as bf16 logits of
+// |s| ~ 300 have, need it; formed as e^{logp + relP} - p where relP > 1, so
+// that a p that underflows in float64 still counts; 0 where logp = -inf.
+// pmax_ij = e^{q_ij + (u_a + u_l)|lse_i| + E_i} (1 + kappa u_a) is the
+// largest p that pass computes: from an lse at least the forward's largest
+// score less (u_a + u_l)|lse_i| + E_i, and from the forward's scores or
+// packed ones (q_ij, section 6). It bounds the largest classes' dp where
+// their logit bounds alone would allow any p, while (u_a + u_l)|lse_i|
+// stays well below 700 (beside a logit of 2^41 in f32 it does not, and
+// nothing bounds the max class's p); a backward that recomputes its
+// logits with other roundings than its forward's is not covered by it.
 //
 // ---------------------------------------------------------------------------
 // 4. Entropy, H_i = lse_i - mu_i, mu_i = sum_j p_ij s_ij
@@ -180,11 +188,11 @@
 // e/V, the products by c_j and q), and the five are combined with 4 more, so
 // evaluation adds gamma_9 sum |T|. The
 // propagated errors of the computed factors add
-//   |T1| (P_ij + rho_r) + |q_i| p_ij dA_i,
+//   |q_i A_i| dp_ij + |T1| rho_r + |q_i| p_ij dA_i,
 //       dA_i = 2 l dlse_i + gamma_{V+5} ((1-e) c_y + (e/V) C + 2 l |lse_i|);
-//   (|T2| + |T3|) rho_r;  (|T4| + |T5|) P_ij;
+//   (|T2| + |T3|) rho_r;  (|g_lse_i| + |g_ent_i| |s_ij - mu_i|) dp_ij;
 //   |g_ent_i| p_ij (ds_ij + dmu_i),
-//       dmu_i = sum_j p_ij (ds_ij + |s_ij| (P_ij + gamma_{V+1}));
+//       dmu_i = sum_j (p_ij ds_ij + |s_ij| (dp_ij + p_ij gamma_{V+1}));
 //   nmin(u_a) (|q_i A_i| + |g_lse_i| + |g_ent_i| |s_ij - mu_i|)  (p underflow;
 //   nmin: the smallest normal, for an exp that flushes subnormal results to
 //   0, as the cuda backend's ex2.approx.ftz does).

@@ -76,6 +76,11 @@ def pw(p, q):
     return np.where(p == 0, 0.0, p * q)
 
 
+def mul0(a, b):
+    """a * b, 0 where either is (tolerance.cpp, mul0)."""
+    return np.where((a == 0) | (b == 0), 0.0, a * b)
+
+
 class Problem:
     """A problem as exact float64 values (what a backend reads after decoding
     its storage). w is kept as [V, H] (vh) whatever the caller's layout."""
@@ -180,12 +185,20 @@ def _logit_bounds(d, ex, pr):
     return ds, ds.max(axis=1)
 
 
-def _p_rel_error(rel_p, p):
-    """p's relative error from its error as a logarithm: expm1(relP), at
-    most 1/p (p and the computed p lie in [0, 1]; tolerance.cpp,
-    p_rel_error)."""
-    r = np.expm1(rel_p)
-    return np.where(p > 0, np.minimum(r, 1.0 / np.where(p > 0, p, 1.0)), r)
+def _p_error(logp, p, rel_p, p_max):
+    """dp: how far the gradient pass's p can be from p, given p's error as a
+    logarithm: p e^{rel_p} - p, without cancellation, at most p_max
+    (tolerance.cpp, p_error)."""
+    small = rel_p <= 1.0
+    e = np.where(small, pw(p, np.expm1(np.where(small, rel_p, 0.0))), np.exp(logp + rel_p) - p)
+    e = np.where(logp == -np.inf, 0.0, e)  # s = -inf, or lse = +inf: p is 0 exactly
+    return np.where(np.isnan(e), e, np.minimum(e, p_max))
+
+
+def _p_max(q, lse, ev, pr):
+    """The largest p the gradient pass can compute (tolerance.cpp, p_max)."""
+    ua = pr.u_accum
+    return np.exp(q + ((ua + pr.u_saved_lse) * np.abs(lse) + ev)[:, None]) * (1.0 + KAPPA * ua)
 
 
 def _lse_logit_error(logp, p, ds, max_ds):
@@ -223,7 +236,7 @@ def block_bounds(d, pr, rows, want_grads):
     # Section 3: logp and p.
     rho = 2.0 * ua * (np.abs(s) + np.abs(lse)[:, None] + log_v)
     dlogp = ds + dlse[:, None] + rho
-    # p's error as a logarithm (_p_rel_error: its relative error).
+    # p's error as a logarithm (_p_error: how far p itself can move).
     relp = dlogp + KAPPA * ua + ua * (np.abs(s) + np.abs(lse)[:, None])
 
     # Section 4: entropy.
@@ -271,10 +284,11 @@ def block_bounds(d, pr, rows, want_grads):
     class_sum = float(d.c.sum())
     A = (1 - e) * cy + e / v * class_sum + 2 * l * lse
     dA = 2.0 * l * dlse + gv5 * ((1 - e) * cy + e / v * class_sum + 2 * l * np.abs(lse))
-    dmu = pw(p, ds + np.abs(s) * (_p_rel_error(relp, p) + gv1)).sum(axis=1)
+    dp = _p_error(logp, p, relp, _p_max(0.0, lse, ev, pr))
+    dmu = (pw(p, ds) + pw(dp + p * gv1, np.abs(s))).sum(axis=1)
     # The score and p as the gradient pass has them (u_q): ds + q, relP + q.
     dq = _packed_score_errors(s, pr.u_packed, ua)
-    ds, relp = ds + dq, _p_rel_error(relp + dq, p)
+    ds, dp = ds + dq, _p_error(logp, p, relp + dq, _p_max(dq, lse, ev, pr))
     onehot = np.zeros_like(p, dtype=bool)
     onehot[at[~ignored], y[~ignored]] = True
     qc, Ac = q[:, None], A[:, None]
@@ -284,9 +298,10 @@ def block_bounds(d, pr, rows, want_grads):
     T4 = np.abs(g_lse)[:, None] * p
     sm = s - mu[:, None]
     T5 = np.abs(g_ent)[:, None] * pw(p, np.abs(sm))
-    dgs = (g9 * (T1 + T2 + T3 + T4 + T5) + pw(T1, relp + rho_r) + pw(np.abs(qc) * p, dA[:, None])
-           + (T2 + T3) * rho_r + pw(T4 + T5, relp)
-           + np.abs(g_ent)[:, None] * pw(p, ds + dmu[:, None]))
+    dgs = (g9 * (T1 + T2 + T3 + T4 + T5) + mul0(np.abs(qc * Ac), dp) + T1 * rho_r
+           + pw(np.abs(qc) * p, dA[:, None]) + (T2 + T3) * rho_r
+           + mul0(np.abs(g_lse)[:, None], dp) + mul0(np.abs(g_ent)[:, None] * np.abs(sm), dp)
+           + mul0(np.abs(g_ent)[:, None], pw(p, ds + dmu[:, None])))
     ent_term = np.where((g_ent[:, None] != 0) & np.isfinite(s), np.abs(g_ent[:, None] * sm), 0.0)
     dgs = dgs + p_underflow * (np.abs(qc * Ac) + np.abs(g_lse)[:, None] + ent_term)
     # The exact d objective / d s, then through the softcap and the scale.
