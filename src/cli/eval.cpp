@@ -239,6 +239,10 @@ class Progress {
 // stops at the next block (or after the last) and removes them; a second
 // signal removes them in the handler and ends the process at once.
 volatile sig_atomic_t g_signal = 0;
+// Set by commit(): from there a signal is only recorded, so that the
+// renames are all done or none (the handler may run on any thread, so
+// blocking signals in this one would not hold it off).
+volatile sig_atomic_t g_committing = 0;
 
 // The temporary files' paths for that handler (unlink is async-signal-safe):
 // g_tmp_count of them are complete.
@@ -247,7 +251,7 @@ char g_tmp_paths[kMaxTmp][PATH_MAX];
 volatile sig_atomic_t g_tmp_count = 0;
 
 void on_signal(int sig) {
-  if (g_signal == 0) {
+  if (g_signal == 0 || g_committing) {
     g_signal = sig;
     return;
   }
@@ -279,23 +283,6 @@ void remove_on_second_signal(const std::string& path) {
   std::atomic_signal_fence(std::memory_order_seq_cst);  // the path before the count
   g_tmp_count = g_tmp_count + 1;
 }
-
-// SIGINT and SIGTERM held back while in scope: the renames of commit() are
-// all done or none, never cut by the handler.
-class SignalsHeld {
- public:
-  SignalsHeld() {
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    ::sigprocmask(SIG_BLOCK, &set, &saved_);
-  }
-  ~SignalsHeld() { ::sigprocmask(SIG_SETMASK, &saved_, nullptr); }
-
- private:
-  sigset_t saved_;
-};
 
 // The per-token output files, under temporary names until commit().
 class Outputs {
@@ -346,7 +333,9 @@ class Outputs {
       if (fs::exists(final_path, ec) && !fs::is_regular_file(final_path, ec))
         throw Failure{"--out: " + final_path.string() + " exists and is not a regular file"};
     }
-    const SignalsHeld held;
+    g_committing = 1;
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    throw_if_interrupted("after the last row");  // one that came before the flag
     for (File& f : files_) {
       const fs::path final_path = fs::path(dir_) / f.name;
       fs::rename(f.tmp, final_path, ec);
@@ -560,8 +549,7 @@ int eval(const Args& args) {
     progress.update(r0 + b);
   }
   progress.finish(N);
-  throw_if_interrupted("after the last row");  // a signal inside the last block
-  if (outputs) outputs->commit();
+  if (outputs) outputs->commit();  // stops there for a signal inside the last block
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   print_summary(args, backend, t, seconds);
