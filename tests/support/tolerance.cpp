@@ -141,18 +141,22 @@ double lse_logit_error(const double* logp, const double* p, const double* ds, in
 double p_error(double logp, double p, double rel_p, double p_max) {
   if (logp == -INFINITY) return 0.0;  // s = -inf, or lse = +inf: p is 0 exactly, as computed
   const double e = rel_p <= 1.0 ? pw(p, std::expm1(rel_p)) : std::exp(logp + rel_p) - p;
-  return std::isnan(e) ? e : std::min(e, p_max);
+  return std::isnan(e) ? e : std::fmin(e, p_max);  // a NaN p_max (lse = inf) caps nothing
 }
 
-// p_max_ij: the gradient pass computes p as e^{s - lse} from an lse at
-// least the forward's largest score less (u_a + u_l)|lse_i| + E_i (the
-// max's own term is 1, so the sum's log is >= 0; then adding the max back,
-// a stored lse, the evaluation), and from that pass's scores, which are
-// the forward's or read back from packed scores (q_ij), so at most
-// e^{q_ij + (u_a + u_l)|lse_i| + E_i} (1 + kappa u_a) (tolerance.h, section 3).
-double p_max(double q, double lse, double eval, const Precision& pr) {
-  return std::exp(q + (pr.u_accum + pr.u_saved_lse) * std::fabs(lse) + eval) *
-         (1.0 + kappa * pr.u_accum);
+// p_max_ij: the gradient pass computes p as e^{s - lse}. Its lse is at
+// least the exact lse of its forward's scores less E_i (whatever the
+// shift), so at least their max less E_i; a stored lse loses u_l |lse_i|,
+// adding the max back u_a |lse_i|, forming the exponent 2 u_a (|s| +
+// |lse|). Its scores are the forward's, or read back from packed scores
+// (q_ij), or, under the fused kernels' softcap, recomputed from tanh within
+// 2 (kappa + 4) u_a |s|. So p <= e^{that sum} (1 + kappa u_a).
+double p_max(double q, double s, double lse, double eval, double k, const Precision& pr) {
+  const double ua = pr.u_accum;
+  const double recomputed = k > 0 ? 2.0 * (kappa + 4.0) * ua * std::fabs(s) : 0.0;
+  return std::exp(q + (ua + pr.u_saved_lse) * std::fabs(lse) + eval +
+                  2.0 * ua * (std::fabs(s) + std::fabs(lse)) + recomputed) *
+         (1.0 + kappa * ua);
 }
 
 // Sections 2-4: lse, logprob, p, entropy.
@@ -301,14 +305,16 @@ void dlogits_bounds(const DenseProblem& d, const BruteForce& x, const Precision&
     const int64_t y = d.ignored(i) ? -1 : d.labels[i];
     const double cy = y >= 0 ? d.class_weight(y) : 0.0;
     const double lse = x.lse[i], mu = x.mean_s[i];
-    const double A = (1 - e) * cy + e / double(d.v) * class_sum + 2 * l * lse;
-    const double dA = 2.0 * l * t.dlse[i] +
-                      gv5 * ((1 - e) * cy + e / double(d.v) * class_sum + 2 * l * std::fabs(lse));
+    // z-loss's 2 l lse only where l > 0: 0 * inf is NaN in a row of +inf logits.
+    const double zl = l == 0 ? 0.0 : 2 * l * lse, dzl = l == 0 ? 0.0 : 2.0 * l * t.dlse[i];
+    const double A = (1 - e) * cy + e / double(d.v) * class_sum + zl;
+    const double dA = dzl + gv5 * ((1 - e) * cy + e / double(d.v) * class_sum + std::fabs(zl));
     double dmu = 0.0;
     for (int64_t j = 0; j < d.v; ++j) {
       const int64_t ij = i * d.v + j;
       const double p = x.p[ij];
-      const double dp = p_error(x.logp[ij], p, t.relp[ij], p_max(0.0, lse, t.eval[i], pr));
+      const double dp =
+          p_error(x.logp[ij], p, t.relp[ij], p_max(0.0, x.s[ij], lse, t.eval[i], k, pr));
       dmu += pw(p, b->logits[ij]) + pw(dp + p * gv1, std::fabs(x.s[ij]));
     }
     for (int64_t j = 0; j < d.v; ++j) {
@@ -317,7 +323,7 @@ void dlogits_bounds(const DenseProblem& d, const BruteForce& x, const Precision&
       // The score and p as the gradient pass has them: ds + q, and relP + q.
       const double ds = b->logits[ij] + dq[ij];
       const double dp = p_error(x.logp[ij], p, t.relp[ij] + dq[ij],
-                                p_max(dq[ij], lse, t.eval[i], pr));
+                                p_max(dq[ij], s, lse, t.eval[i], k, pr));
       const double T1 = std::fabs(q * A) * p;
       const double T2 = j == y ? std::fabs(q) * (1 - e) * cy : 0.0;
       const double T3 = std::fabs(q) * e / double(d.v) * d.class_weight(j);
@@ -326,9 +332,9 @@ void dlogits_bounds(const DenseProblem& d, const BruteForce& x, const Precision&
       double dgs = g9 * (T1 + T2 + T3 + T4 + T5) + mul0(std::fabs(q * A), dp) + T1 * rho_r +
                    pw(std::fabs(q) * p, dA) + (T2 + T3) * rho_r + mul0(std::fabs(g_lse), dp) +
                    mul0(std::fabs(g_ent) * std::fabs(s - mu), dp) +
-                   mul0(std::fabs(g_ent), pw(p, ds + dmu));
+                   mul0(std::fabs(g_ent), pw(p + dp, ds + dmu));  // p~ (s~ - mu~): p~ <= p + dp
       dgs += p_underflow * (std::fabs(q * A) + std::fabs(g_lse) +
-                       (g_ent != 0 && std::isfinite(s) ? std::fabs(g_ent * (s - mu)) : 0.0));
+                       (g_ent != 0 && std::isfinite(s - mu) ? std::fabs(g_ent * (s - mu)) : 0.0));
       const double gs = x.grad_s[ij];
       double dgz = dgs;
       if (k > 0) {

@@ -131,10 +131,13 @@
 // 0). e^{relP} - 1, not relP itself: logit errors of O(1), as bf16 logits of
 // |s| ~ 300 have, need it; formed as e^{logp + relP} - p where relP > 1, so
 // that a p that underflows in float64 still counts; 0 where logp = -inf.
-// pmax_ij = e^{q_ij + (u_a + u_l)|lse_i| + E_i} (1 + kappa u_a) is the
-// largest p that pass computes: from an lse at least the forward's largest
-// score less (u_a + u_l)|lse_i| + E_i, and from the forward's scores or
-// packed ones (q_ij, section 6). It bounds the largest classes' dp where
+// pmax_ij = e^{q_ij + (u_a + u_l)|lse_i| + E_i + 2 u_a (|s_ij| + |lse_i|)
+// + r_ij} (1 + kappa u_a) is the largest p that pass computes: from an lse
+// at least the exact lse of the forward's scores less E_i, whatever the
+// shift, so at least their max less E_i, and less u_l |lse_i| when stored;
+// the exponent formed in 2 u_a (|s| + |lse|); from the forward's scores,
+// packed ones (q_ij, section 6), or under the fused kernels' softcap ones
+// recomputed from tanh (r_ij = 2 (kappa + 4) u_a |s_ij|; else 0). It bounds the largest classes' dp where
 // their logit bounds alone would allow any p, while (u_a + u_l)|lse_i|
 // stays well below 700 (beside a logit of 2^41 in f32 it does not, and
 // nothing bounds the max class's p); a backward that recomputes its
@@ -191,7 +194,7 @@
 //   |q_i A_i| dp_ij + |T1| rho_r + |q_i| p_ij dA_i,
 //       dA_i = 2 l dlse_i + gamma_{V+5} ((1-e) c_y + (e/V) C + 2 l |lse_i|);
 //   (|T2| + |T3|) rho_r;  (|g_lse_i| + |g_ent_i| |s_ij - mu_i|) dp_ij;
-//   |g_ent_i| p_ij (ds_ij + dmu_i),
+//   |g_ent_i| (p_ij + dp_ij) (ds_ij + dmu_i),
 //       dmu_i = sum_j (p_ij ds_ij + |s_ij| (dp_ij + p_ij gamma_{V+1}));
 //   nmin(u_a) (|q_i A_i| + |g_lse_i| + |g_ent_i| |s_ij - mu_i|)  (p underflow;
 //   nmin: the smallest normal, for an exp that flushes subnormal results to

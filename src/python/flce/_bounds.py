@@ -192,13 +192,15 @@ def _p_error(logp, p, rel_p, p_max):
     small = rel_p <= 1.0
     e = np.where(small, pw(p, np.expm1(np.where(small, rel_p, 0.0))), np.exp(logp + rel_p) - p)
     e = np.where(logp == -np.inf, 0.0, e)  # s = -inf, or lse = +inf: p is 0 exactly
-    return np.where(np.isnan(e), e, np.minimum(e, p_max))
+    return np.where(np.isnan(e), e, np.fmin(e, p_max))  # a NaN p_max (lse = inf) caps nothing
 
 
-def _p_max(q, lse, ev, pr):
+def _p_max(q, s, lse, ev, k, pr):
     """The largest p the gradient pass can compute (tolerance.cpp, p_max)."""
     ua = pr.u_accum
-    return np.exp(q + ((ua + pr.u_saved_lse) * np.abs(lse) + ev)[:, None]) * (1.0 + KAPPA * ua)
+    recomputed = 2.0 * (KAPPA + 4.0) * ua * np.abs(s) if k > 0 else 0.0
+    return np.exp(q + ((ua + pr.u_saved_lse) * np.abs(lse) + ev)[:, None]
+                  + 2.0 * ua * (np.abs(s) + np.abs(lse)[:, None]) + recomputed) * (1.0 + KAPPA * ua)
 
 
 def _lse_logit_error(logp, p, ds, max_ds):
@@ -282,13 +284,16 @@ def block_bounds(d, pr, rows, want_grads):
     g_lse = np.zeros_like(q) if d.grad_lse is None else d.grad_lse[rows]
     g_ent = np.zeros_like(q) if d.grad_entropy is None else d.grad_entropy[rows]
     class_sum = float(d.c.sum())
-    A = (1 - e) * cy + e / v * class_sum + 2 * l * lse
-    dA = 2.0 * l * dlse + gv5 * ((1 - e) * cy + e / v * class_sum + 2 * l * np.abs(lse))
-    dp = _p_error(logp, p, relp, _p_max(0.0, lse, ev, pr))
+    # z-loss's 2 l lse only where l > 0: 0 * inf is NaN in a row of +inf logits.
+    zl = 2 * l * lse if l != 0 else np.zeros_like(lse)
+    dzl = 2.0 * l * dlse if l != 0 else np.zeros_like(dlse)
+    A = (1 - e) * cy + e / v * class_sum + zl
+    dA = dzl + gv5 * ((1 - e) * cy + e / v * class_sum + np.abs(zl))
+    dp = _p_error(logp, p, relp, _p_max(0.0, s, lse, ev, d.k, pr))
     dmu = (pw(p, ds) + pw(dp + p * gv1, np.abs(s))).sum(axis=1)
     # The score and p as the gradient pass has them (u_q): ds + q, relP + q.
     dq = _packed_score_errors(s, pr.u_packed, ua)
-    ds, dp = ds + dq, _p_error(logp, p, relp + dq, _p_max(dq, lse, ev, pr))
+    ds, dp = ds + dq, _p_error(logp, p, relp + dq, _p_max(dq, s, lse, ev, d.k, pr))
     onehot = np.zeros_like(p, dtype=bool)
     onehot[at[~ignored], y[~ignored]] = True
     qc, Ac = q[:, None], A[:, None]
@@ -301,8 +306,8 @@ def block_bounds(d, pr, rows, want_grads):
     dgs = (g9 * (T1 + T2 + T3 + T4 + T5) + mul0(np.abs(qc * Ac), dp) + T1 * rho_r
            + pw(np.abs(qc) * p, dA[:, None]) + (T2 + T3) * rho_r
            + mul0(np.abs(g_lse)[:, None], dp) + mul0(np.abs(g_ent)[:, None] * np.abs(sm), dp)
-           + mul0(np.abs(g_ent)[:, None], pw(p, ds + dmu[:, None])))
-    ent_term = np.where((g_ent[:, None] != 0) & np.isfinite(s), np.abs(g_ent[:, None] * sm), 0.0)
+           + mul0(np.abs(g_ent)[:, None], pw(p + dp, ds + dmu[:, None])))
+    ent_term = np.where((g_ent[:, None] != 0) & np.isfinite(sm), np.abs(g_ent[:, None] * sm), 0.0)
     dgs = dgs + p_underflow * (np.abs(qc * Ac) + np.abs(g_lse)[:, None] + ent_term)
     # The exact d objective / d s, then through the softcap and the scale.
     gs = np.where(qc != 0, qc * (p * Ac - e / v * d.c[None, :]), 0.0)
