@@ -205,6 +205,21 @@ def test_p_bounds_hold_where_logit_errors_pass_p_itself():
                     storage="bfloat16", accumulate="float32")
 
 
+def test_entropy_cotangent_bound_holds_from_a_bf16_saved_lse():
+    # A backward from a bf16-saved lse forms p' = e^{s - lse'} and sbar' =
+    # sum_j p'_j s_j, as flce's backends do: p' = 1.97 and 2.98 here, far
+    # from p, so the term p (ds + dmu) missed p' - p (43 times the bound).
+    for row in ([1027.2, 1027.2], [1027.5, 1020.0]):
+        s = np.array([row], dtype=np.float32).astype(np.float64)
+        lse = float(np.logaddexp.reduce(s[0]))
+        lse_saved = float(torch.tensor(lse, dtype=torch.float32).to(torch.bfloat16))
+        p = np.exp((s - lse_saved).astype(np.float32)).astype(np.float64)
+        g = -(p * (s - (p * s).sum()))
+        ft.assert_close({"grad_logits": g}, logits=s, labels=np.array([0]), reduction="none",
+                        grad_loss=np.array([0.0]), grad_entropy=np.array([1.0]),
+                        saved_lse="bfloat16")
+
+
 def test_float32_candidate_fails_a_float64_claim():
     inp = _problem(dtype="float64")
     r32 = flce.loss_and_grad(**{**inp, "x": inp["x"].astype(np.float32),
