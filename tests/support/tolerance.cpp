@@ -116,19 +116,23 @@ void logit_bounds(const DenseProblem& d, const BruteForce& x, const Precision& p
   }
 }
 
+// p (e^x - 1) for x >= 0 without cancellation: p expm1(x) where x <= 1, and
+// e^{logp + x} - p beyond, so that a p that underflows in float64 still
+// counts where x is large enough.
+double p_expm1(double logp, double p, double x) {
+  return x <= 1.0 ? pw(p, std::expm1(x)) : std::exp(logp + x) - p;
+}
+
 // Delta_i: how far lse_i = log sum_j e^{s_ij} moves when every s_ij moves by
 // up to ds_ij, log sum_j p_ij e^{ds_ij} = log1p(sum_j p_ij (e^{ds_ij} - 1))
 // (sum_j p_ij = 1): a sum of positive terms, so that the small Delta of a
-// normal row has no cancellation. A term is p expm1(ds) where ds <= 1, and
-// e^{logp + ds} - p beyond, so that a class whose p underflows still counts
-// if its ds is large enough. At most max_j ds_ij (max_ds), and unlike it
-// not set by a class whose p is 0: a vocabulary padding masked by a logit
+// normal row has no cancellation. At most max_j ds_ij (max_ds), and unlike
+// it not set by a class whose p is 0: a vocabulary padding masked by a logit
 // of -1e30 has a ds of 1e23, which made every bound of its row useless.
 double lse_logit_error(const double* logp, const double* p, const double* ds, int64_t v,
                        double max_ds) {
   double sum = 0.0;
-  for (int64_t j = 0; j < v; ++j)
-    sum += ds[j] <= 1.0 ? pw(p[j], std::expm1(ds[j])) : std::exp(logp[j] + ds[j]) - p[j];
+  for (int64_t j = 0; j < v; ++j) sum += p_expm1(logp[j], p[j], ds[j]);
   const double r = std::log1p(sum);
   return std::isnan(r) ? max_ds : std::min(max_ds, r);
 }
@@ -136,11 +140,10 @@ double lse_logit_error(const double* logp, const double* p, const double* ds, in
 // dp_ij: how far the gradient pass's p can be from p_ij, given p's error
 // as a logarithm rel_p: p e^{rel_p} - p (first order, p rel_p, was too
 // tight once logit errors reach O(1), as bf16 logits of |s| ~ 300 have),
-// formed without cancellation as in lse_logit_error (so a p that underflows
-// still counts), and at most p_max, the largest p that pass can compute.
+// and at most p_max, the largest p that pass can compute.
 double p_error(double logp, double p, double rel_p, double p_max) {
   if (logp == -INFINITY) return 0.0;  // s = -inf, or lse = +inf: p is 0 exactly, as computed
-  const double e = rel_p <= 1.0 ? pw(p, std::expm1(rel_p)) : std::exp(logp + rel_p) - p;
+  const double e = p_expm1(logp, p, rel_p);
   return std::isnan(e) ? e : std::fmin(e, p_max);  // a NaN p_max (lse = inf) caps nothing
 }
 

@@ -185,13 +185,16 @@ def _logit_bounds(d, ex, pr):
     return ds, ds.max(axis=1)
 
 
+def _p_expm1(logp, p, x):
+    """p (e^x - 1) for x >= 0 without cancellation (tolerance.cpp, p_expm1)."""
+    small = x <= 1.0
+    return np.where(small, pw(p, np.expm1(np.where(small, x, 0.0))), np.exp(logp + x) - p)
+
+
 def _p_error(logp, p, rel_p, p_max):
     """dp: how far the gradient pass's p can be from p, given p's error as a
-    logarithm: p e^{rel_p} - p, without cancellation, at most p_max
-    (tolerance.cpp, p_error)."""
-    small = rel_p <= 1.0
-    e = np.where(small, pw(p, np.expm1(np.where(small, rel_p, 0.0))), np.exp(logp + rel_p) - p)
-    e = np.where(logp == -np.inf, 0.0, e)  # s = -inf, or lse = +inf: p is 0 exactly
+    logarithm: p e^{rel_p} - p, at most p_max (tolerance.cpp, p_error)."""
+    e = np.where(logp == -np.inf, 0.0, _p_expm1(logp, p, rel_p))  # s = -inf, or lse = +inf: p is 0 exactly
     return np.where(np.isnan(e), e, np.fmin(e, p_max))  # a NaN p_max (lse = inf) caps nothing
 
 
@@ -205,13 +208,10 @@ def _p_max(q, s, lse, ev, k, pr):
 
 def _lse_logit_error(logp, p, ds, max_ds):
     """Delta_i: how far lse_i moves when every s_ij moves by up to ds_ij,
-    log1p(sum_j p_ij expm1(ds_ij)), a term e^{logp + ds} - p where ds > 1
-    (tolerance.cpp, lse_logit_error): at most max_j ds_ij, and not set by a
-    class whose p is 0 (a vocabulary padding masked by a logit of -1e30)."""
-    small = ds <= 1.0
-    term = np.where(small, pw(p, np.expm1(np.where(small, ds, 0.0))),
-                    np.exp(logp + ds) - p)
-    r = np.log1p(term.sum(axis=1))
+    log1p(sum_j p_ij expm1(ds_ij)) (tolerance.cpp, lse_logit_error): at most
+    max_j ds_ij, and not set by a class whose p is 0 (a vocabulary padding
+    masked by a logit of -1e30)."""
+    r = np.log1p(_p_expm1(logp, p, ds).sum(axis=1))
     return np.where(np.isnan(r), max_ds, np.minimum(max_ds, r))
 
 
