@@ -490,18 +490,44 @@ TEST_F(EvalProblem, AllRowsIgnoredGivesNullMeans) {
 // ---------------------------------------------------------------------------
 // The progress bar.
 
+// The CLI's argv for execv, FLCE_CLI_PATH first (the strings outlive the
+// pointers).
+struct CliArgv {
+  std::vector<std::string> storage;
+  std::vector<char*> argv;
+  explicit CliArgv(const Args& args) : storage{FLCE_CLI_PATH} {
+    storage.insert(storage.end(), args.begin(), args.end());
+    for (std::string& s : storage) argv.push_back(s.data());
+    argv.push_back(nullptr);
+  }
+};
+
+// Starts the CLI with stdin and stdout on /dev/null and stderr into
+// `err_file` (/dev/null when empty); its pid, or -1.
+pid_t spawn_cli(const Args& args, const std::string& err_file = "") {
+  CliArgv cli(args);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int null = ::open("/dev/null", O_RDWR);
+    const int err =
+        err_file.empty() ? null : ::open(err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(null, 0);
+    ::dup2(null, 1);
+    ::dup2(err, 2);
+    ::execv(FLCE_CLI_PATH, cli.argv.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
 // Runs the binary on a pseudo-terminal (stdout and stderr both on it) and
 // returns everything it printed.
 std::string run_on_terminal(const Args& args, int* code) {
-  std::vector<std::string> storage = {FLCE_CLI_PATH};
-  storage.insert(storage.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (std::string& s : storage) argv.push_back(s.data());
-  argv.push_back(nullptr);
+  CliArgv cli(args);
   int master = -1;
   const pid_t pid = ::forkpty(&master, nullptr, nullptr, nullptr);
   if (pid == 0) {
-    ::execv(FLCE_CLI_PATH, argv.data());
+    ::execv(FLCE_CLI_PATH, cli.argv.data());
     ::_exit(127);
   }
   std::string text;
@@ -700,21 +726,7 @@ struct Interrupted {
 };
 Interrupted interrupt_eval(const Args& args, const std::string& out, const std::string& err_file,
                            useconds_t delay_us, bool twice = false) {
-  std::vector<std::string> storage = {FLCE_CLI_PATH};
-  storage.insert(storage.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (std::string& a : storage) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    const int err = ::open(err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int null = ::open("/dev/null", O_RDWR);
-    ::dup2(null, 0);
-    ::dup2(null, 1);
-    ::dup2(err, 2);
-    ::execv(FLCE_CLI_PATH, argv.data());
-    ::_exit(127);
-  }
+  const pid_t pid = spawn_cli(args, err_file);
   Interrupted r;
   if (pid <= 0) return r;
   for (int i = 0; i < 2000 && !r.started; ++i) {  // up to 20 s
@@ -798,20 +810,7 @@ struct Measured {
 };
 
 Measured run_measured(const Args& args) {
-  std::vector<std::string> storage = {FLCE_CLI_PATH};
-  storage.insert(storage.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (std::string& s : storage) argv.push_back(s.data());
-  argv.push_back(nullptr);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    const int null = ::open("/dev/null", O_RDWR);
-    ::dup2(null, 0);
-    ::dup2(null, 1);
-    ::dup2(null, 2);
-    ::execv(FLCE_CLI_PATH, argv.data());
-    ::_exit(127);
-  }
+  const pid_t pid = spawn_cli(args);
   Measured m;
   int status = 0;
   struct rusage usage {};
