@@ -647,6 +647,14 @@ TEST_F(CliOptions, EmptyBackendName) {
   fails(plus(args, {"--backend="}), {"--backend", "''"});
 }
 
+TEST_F(CliOptions, ADeclineNamesTheFlagItIsAbout) {
+  // The reference backend declines any --gemm: the message names --gemm
+  // beside --backend, since changing either one would do.
+  const std::string err = fails(plus(args, {"--backend", "reference", "--gemm", "eigen"}),
+                                {"--backend with --gemm:", "no GEMM engine"});
+  EXPECT_EQ(err.find("--backend with --gemm"), err.find("--")) << err;
+}
+
 TEST_F(CliOptions, MissingAndConflictingFlags) {
   fails(without(args, "--out"), {"--out", "missing"});
   fails(without(args, "--labels"), {"--labels", "missing"});

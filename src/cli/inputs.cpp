@@ -32,6 +32,16 @@ const FlagOf* flag_of(const std::string& api_name) {
   return nullptr;
 }
 
+// "--x X.npy" for a file, "--backend" for a value (the message quotes the value).
+std::string flag_and_value(const FlagOf& of, const Args& args) {
+  std::string s = std::string("--") + of.flag;
+  if (of.file) {
+    s += ' ';
+    s += args.get(of.flag);
+  }
+  return s;
+}
+
 std::string not_float(const Args& args, const char* flag, Dtype dtype) {
   return std::string("--") + flag + " " + args.get(flag) + ": dtype " + dtype_name(dtype) +
          " is not a float type (float16, float32 or float64)";
@@ -55,13 +65,18 @@ std::string explain_api_error(const std::string& error, const Args& args) {
                                                           "another)")) +
            ": " + error;
   }
-  std::string where = std::string("--") + flag;
-  if (of->file) {
-    where += ' ';
-    where += args.get(flag);
+  std::string where = flag_and_value(*of, args);
+  // "backend = reference: declines this problem: gemm = '...': ...": the decline is about
+  // another flag the user gave, so name both.
+  const std::string declines = ": declines this problem: ";
+  const size_t at = error.find(declines);
+  if (at != std::string::npos) {
+    const std::string reason = error.substr(at + declines.size());
+    const FlagOf* cause = flag_of(reason.substr(0, reason.find_first_of(" :[")));
+    if (cause != nullptr && cause != of && args.has(cause->flag))
+      where += " with " + flag_and_value(*cause, args);
   }
-  where += ": ";
-  return where + error;
+  return where + ": " + error;
 }
 
 std::string get_filter_eps(const Args& args, double* out) {
