@@ -30,6 +30,7 @@
 #include <fstream>
 #include <iterator>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -715,6 +716,27 @@ TEST_F(EvalErrors, FailuresLeaveEarlierOutputsAlone) {
   const Result r = run(with("--out", tmp.file("file")));
   EXPECT_EQ(r.code, 2);
   EXPECT_HAS(r.err, "--out " + tmp.file("file") + ": cannot create the directory");
+}
+
+TEST_F(EvalErrors, OutputsOfAnEarlierRunDoNotStayBesideEvals) {
+  // A `flce run --grad` into --out, then an eval there: the directory holds
+  // eval's three files only (a leftover lse.npy or grad_w.npy would pass
+  // for this data's), and its logprob.npy is eval's.
+  const Result ran = run({"run", "--x", tmp.file("x.npy"), "--w", tmp.file("w.npy"), "--labels",
+                          tmp.file("y.npy"), "--grad", "--reduction", "none", "--out", out});
+  ASSERT_EQ(ran.code, 0) << ran.err;
+  ASSERT_GT(snapshot_dir(out).size(), 3u);
+  const Result evaluated = run(with("--logit-scale", "0.5"));
+  ASSERT_EQ(evaluated.code, 0) << evaluated.err;
+  std::set<std::string> names;
+  for (const auto& [name, bytes] : snapshot_dir(out)) names.insert(name);
+  EXPECT_EQ(names, (std::set<std::string>{"logprob.npy", "entropy.npy", "argmax.npy"}));
+  const Result again = run({"run", "--x", tmp.file("x.npy"), "--w", tmp.file("w.npy"),
+                            "--labels", tmp.file("y.npy"), "--logit-scale", "0.5",
+                            "--reduction", "none", "--out", tmp.file("run")});
+  ASSERT_EQ(again.code, 0) << again.err;
+  EXPECT_EQ(flce_test::read_bytes(out + "/logprob.npy"),
+            flce_test::read_bytes(tmp.file("run") + "/logprob.npy"));
 }
 
 // `flce eval ARGS` (with --out), sent SIGINT `delay_us` after its temporary

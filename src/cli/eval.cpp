@@ -30,6 +30,7 @@
 
 #include "cli/args.h"
 #include "cli/inputs.h"
+#include "cli/out_dir.h"
 #include "common/tensor_access.h"
 #include "flce/flce.h"
 #include "io/npy.h"
@@ -293,11 +294,7 @@ class Outputs {
   void create(int64_t n, Dtype real) {
     namespace fs = std::filesystem;
     const std::string& dir = dir_;
-    std::error_code ec;
-    fs::create_directories(dir, ec);
-    if (ec || !fs::is_directory(dir))
-      throw Failure{"--out " + dir + ": cannot create the directory" +
-                    (ec ? " (" + ec.message() + ")" : std::string(" (a file is in the way)"))};
+    make_out_dir(dir);
     const std::string suffix = ".tmp" + std::to_string(::getpid());
     const std::pair<const char*, Dtype> files[] = {
         {"logprob.npy", real}, {"entropy.npy", real}, {"argmax.npy", Dtype::i64}};
@@ -323,25 +320,19 @@ class Outputs {
   io::NpyOutFile& entropy() { return *files_[1].out; }
   io::NpyOutFile& argmax() { return *files_[2].out; }
 
-  // Closes the files and renames them into place.
-  void commit() {
+  // Closes the files and renames them into place (commit_outputs: all or
+  // none, and no other command's outputs left beside them).
+  void commit(const std::vector<std::string>& inputs) {
     namespace fs = std::filesystem;
-    std::error_code ec;
+    Renames renames;
     for (File& f : files_) {
       if (auto e = f.out->close(); !e.empty()) throw Failure{"--out: " + e};
-      const fs::path final_path = fs::path(dir_) / f.name;
-      if (fs::exists(final_path, ec) && !fs::is_regular_file(final_path, ec))
-        throw Failure{"--out: " + final_path.string() + " exists and is not a regular file"};
+      renames.push_back({f.tmp, fs::path(dir_) / f.name});
     }
     g_committing = 1;
     std::atomic_signal_fence(std::memory_order_seq_cst);
     throw_if_interrupted("after the last row");  // one that came before the flag
-    for (File& f : files_) {
-      const fs::path final_path = fs::path(dir_) / f.name;
-      fs::rename(f.tmp, final_path, ec);
-      if (ec) throw Failure{"--out: cannot rename " + f.tmp + " to " + final_path.string() +
-                            ": " + ec.message()};
-    }
+    commit_outputs(dir_, renames, inputs);
     committed_ = true;
     g_tmp_count = 0;  // renamed: nothing for the handler to remove
   }
@@ -549,7 +540,7 @@ int eval(const Args& args) {
     progress.update(r0 + b);
   }
   progress.finish(N);
-  if (outputs) outputs->commit();  // stops there for a signal inside the last block
+  if (outputs) outputs->commit(input_files(args, eval_flags()));  // stops there for a signal inside the last block
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   print_summary(args, backend, t, seconds);

@@ -79,6 +79,16 @@ std::string explain_api_error(const std::string& error, const Args& args) {
   return where + ": " + error;
 }
 
+std::vector<std::string> input_files(const Args& args, const std::vector<Flag>& flags) {
+  std::vector<std::string> files;
+  for (const Flag& f : flags) {
+    const std::string value = f.value != nullptr ? f.value : "";
+    const bool file = value.size() > 4 && value.compare(value.size() - 4, 4, ".npy") == 0;
+    if (file && args.has(f.name)) files.push_back(args.get(f.name));
+  }
+  return files;
+}
+
 std::string get_filter_eps(const Args& args, double* out) {
   if (!args.has("filter-eps")) return "";
   if (args.get("filter-eps") == "auto") {

@@ -26,6 +26,10 @@ void check(const std::string& error);  // throws Failure unless empty
 // and, for files, the file: "--softcap: softcap = -1: ...".
 std::string explain_api_error(const std::string& error, const Args& args);
 
+// The files the given flags name: those whose placeholder is a .npy file
+// ("X.npy"), in `flags`' order.
+std::vector<std::string> input_files(const Args& args, const std::vector<Flag>& flags);
+
 // Whether the backend named by config (or FLCE_BACKEND) reads device memory.
 bool wants_device(const RunConfig& config);
 

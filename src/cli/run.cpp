@@ -12,6 +12,7 @@
 
 #include "cli/args.h"
 #include "cli/inputs.h"
+#include "cli/out_dir.h"
 #include "common/tensor_access.h"
 #include "flce/flce.h"
 #include "io/npy.h"
@@ -163,52 +164,25 @@ void allocate_outputs(RunState& s, Problem& p, Dtype out, bool grad) {
   if (p.bias.present()) add("grad_bias.npy", s.grad_bias, p.grad_bias, out, {z.v});
 }
 
-// Every file name `flce run` may write, to clear stale ones from DIR.
-constexpr const char* kOutputFiles[] = {
-    "loss.npy",   "lse.npy",    "logprob.npy",   "argmax.npy",      "entropy.npy",
-    "zloss.npy",  "grad_x.npy", "grad_w.npy",    "grad_bias.npy",   "grad_logits.npy"};
-
-// Writes every output under a temporary name, checks that each final name
-// is free or a regular file, then renames them all into place; on any
-// failure before the renames it removes what it wrote. Outputs of an earlier
-// run that this run does not write (grad_*.npy after a run without --grad)
-// are removed, so DIR always holds one run's outputs, except a file that is
-// one of this run's `inputs` (`--logits DIR/grad_logits.npy`).
+// Writes every output under a temporary name, then commit_outputs() renames
+// them all into place (or none) and removes outputs of an earlier command
+// that this run does not write; on a failed write it removes what it wrote.
 void write_outputs(const RunState& s, const std::string& dir,
                    const std::vector<std::string>& inputs) {
   namespace fs = std::filesystem;
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec || !fs::is_directory(dir))
-    throw Failure{"--out " + dir + ": cannot create the directory" +
-                  (ec ? " (" + ec.message() + ")" : std::string(" (a file is in the way)"))};
-  std::vector<std::pair<fs::path, fs::path>> written;  // temporary, final
-  auto fail = [&](const std::string& message) {
-    std::error_code ignored;
-    for (auto& entry : written) fs::remove(entry.first, ignored);
-    throw Failure{message};
-  };
+  make_out_dir(dir);
+  Renames written;  // temporary, final
   const std::string suffix = ".tmp" + std::to_string(::getpid());
   for (auto& [file, array] : s.outputs) {
-    const fs::path final_path = fs::path(dir) / file;
     const fs::path tmp = fs::path(dir) / ("." + file + suffix);
-    written.push_back({tmp, final_path});
-    if (auto e = io::write_npy(tmp.string(), *array); !e.empty()) fail("--out: " + e);
-    if (fs::exists(final_path, ec) && !fs::is_regular_file(final_path, ec))
-      fail("--out: " + final_path.string() + " exists and is not a regular file");
+    written.push_back({tmp, fs::path(dir) / file});
+    if (auto e = io::write_npy(tmp.string(), *array); !e.empty()) {
+      std::error_code ignored;
+      for (auto& entry : written) fs::remove(entry.first, ignored);
+      throw Failure{"--out: " + e};
+    }
   }
-  for (auto& [tmp, final_path] : written) {
-    fs::rename(tmp, final_path, ec);
-    if (ec) fail("--out: cannot rename " + tmp.string() + " to " + final_path.string() + ": " +
-                 ec.message());
-  }
-  for (const char* file : kOutputFiles) {
-    bool ours = false;
-    for (auto& entry : s.outputs) ours |= entry.first == file;
-    const fs::path stale = fs::path(dir) / file;
-    for (const std::string& input : inputs) ours |= fs::equivalent(stale, input, ec);
-    if (!ours && fs::is_regular_file(stale, ec)) fs::remove(stale, ec);
-  }
+  commit_outputs(dir, written, inputs);
 }
 
 void print_summary(const RunState& s, const Status& status, const Problem& p,
@@ -250,12 +224,7 @@ int run(const Args& args) {
   allocate_outputs(s, p, out == 0 ? Dtype::f32 : Dtype::f64, grad);
   const Status status = call_on_host_arrays(p, grad ? Pass::loss_and_grad : Pass::forward, config);
   if (!status.ok()) throw Failure{explain_api_error(status.error, args)};
-  std::vector<std::string> inputs;  // every .npy file flag given
-  for (const Flag& f : run_flags())
-    if (f.value != nullptr && std::string(f.value).find(".npy") != std::string::npos &&
-        args.has(f.name))
-      inputs.push_back(args.get(f.name));
-  write_outputs(s, args.get("out"), inputs);
+  write_outputs(s, args.get("out"), input_files(args, run_flags()));
   print_summary(s, status, p, args.get("out"));
   return 0;
 }
