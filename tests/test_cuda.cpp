@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <random>
 #include <limits>
 #include <string>
@@ -21,6 +22,7 @@
 #ifdef FLCE_HAVE_CUDA
 #include <cuda_runtime.h>
 
+#include "cuda/cublas_library.h"
 #include "cuda/device_guard.h"
 #include "cuda/gemm.h"
 #include "cuda/plan.h"
@@ -148,24 +150,65 @@ TEST(CudaBasics, ListedWithWhatItIsOrWhyItDeclines) {
   EXPECT_TRUE(listed);
 }
 
+// A forward problem of 3 rows, 4 features and 5 classes on host arrays.
+struct HostForward {
+  float x[12] = {}, w[20] = {}, loss = 0, lse[3] = {};
+  int64_t y[3] = {0, 1, 2};
+  flce::Problem p;
+  HostForward() {
+    p.x = flce::matrix_view(x, Dtype::f32, 3, 4);
+    p.w = flce::matrix_view(w, Dtype::f32, 5, 4);
+    p.labels = flce::vector_view(y, Dtype::i64, 3);
+    p.loss = flce::scalar_view(&loss, Dtype::f32);
+    p.lse = flce::vector_view(lse, Dtype::f32, 3);
+  }
+};
+
 TEST(CudaBasics, ForcedOnHostTensorsIsAnErrorThatSaysSo) {
   // Host arrays, no device copy: the library is called directly.
-  flce::Problem p;
-  float x[12] = {}, w[20] = {};
-  int64_t y[3] = {0, 1, 2};
-  float loss = 0, lse[3];
-  p.x = flce::matrix_view(x, Dtype::f32, 3, 4);
-  p.w = flce::matrix_view(w, Dtype::f32, 5, 4);
-  p.labels = flce::vector_view(y, Dtype::i64, 3);
-  p.loss = flce::scalar_view(&loss, Dtype::f32);
-  p.lse = flce::vector_view(lse, Dtype::f32, 3);
-  const flce::Status s = flce::forward(p, cuda());
+  HostForward host;
+  const flce::Status s = flce::forward(host.p, cuda());
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.error.find("cuda"), std::string::npos) << s.error;
   if (flce::cuda::built_with_cuda() && gpu_missing().empty()) {
     EXPECT_NE(s.error.find("host"), std::string::npos) << s.error;
   }
 }
+
+// Whether this process has mapped a libcublas* file.
+bool cublas_mapped() {
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);)
+    if (line.find("libcublas") != std::string::npos) return true;
+  return false;
+}
+
+TEST(CudaBasics, HostProblemsLeaveCublasUnloaded) {
+  // Loaded, cuBLAS holds about 210 MiB of resident memory: only a call for
+  // the cuda backend on device memory (or listing a GPU) loads it.
+  const testing::UnitTest& run = *testing::UnitTest::GetInstance();
+  const int earlier = run.successful_test_count() + run.failed_test_count() +
+                      run.skipped_test_count();
+  if (earlier > 0 && cublas_mapped())  // ctest runs each test in a process of its own
+    GTEST_SKIP() << "an earlier test in this process loaded cuBLAS";
+  HostForward host;
+  const flce::Status s = flce::forward(host.p);  // the first backend that accepts
+  ASSERT_TRUE(s.ok()) << s.error;
+  ASSERT_FALSE(flce::forward(host.p, cuda()).ok());  // declined: host memory
+  EXPECT_FALSE(cublas_mapped());
+  if (!gpu_missing().empty()) {  // no GPU to list either
+    EXPECT_FALSE(cublas_mapped()) << "after listing the backends";
+  }
+}
+
+#ifdef FLCE_HAVE_CUDA
+TEST(CudaBasics, CublasLoadsAtRunTimeWithoutAGpu) {
+  // gemm.cpp's cuBLAS, found as the build found it (cublas_library.h).
+  ASSERT_NE(flce::cuda::cublas_library(), nullptr) << flce::cuda::cublas_problem();
+  EXPECT_EQ(flce::cuda::cublas_problem(), "");
+  EXPECT_TRUE(cublas_mapped());
+}
+#endif
 
 // ---- Agreement with the oracle -------------------------------------------------
 

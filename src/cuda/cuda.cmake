@@ -35,6 +35,7 @@ if(FLCE_HAVE_CUDA)
     ${_flce_cuda_dir}/plan.cpp
     ${_flce_cuda_dir}/passes.cpp
     ${_flce_cuda_dir}/gemm.cpp
+    ${_flce_cuda_dir}/cublas_library.cpp
     ${_flce_cuda_dir}/kernels.cu
     ${_flce_cuda_dir}/device_copy.cpp
     ${_flce_cuda_dir}/device_guard.cpp)
@@ -61,7 +62,12 @@ if(FLCE_HAVE_CUDA)
   # flce was created before CUDA was enabled: set what the target missed.
   set_target_properties(flce PROPERTIES CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}"
                                         CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON)
-  target_link_libraries(flce PUBLIC CUDA::cudart PRIVATE CUDA::cublas)
+  # cuBLAS is loaded when the backend first needs it (cublas_library.h), not
+  # linked; its headers are cudart's. The path CMake found is the fallback.
+  target_link_libraries(flce PUBLIC CUDA::cudart PRIVATE ${CMAKE_DL_LIBS})
+  if(TARGET CUDA::cublas)
+    target_compile_definitions(flce PRIVATE FLCE_CUBLAS_PATH="$<TARGET_FILE:CUDA::cublas>")
+  endif()
   target_compile_definitions(flce PUBLIC FLCE_HAVE_CUDA=1)
   message(STATUS "flce cuda backend: nvcc ${CMAKE_CUDA_COMPILER_VERSION}, "
                  "architectures ${CMAKE_CUDA_ARCHITECTURES}")

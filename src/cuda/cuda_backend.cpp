@@ -15,6 +15,7 @@
 #include <string>
 #include <tuple>
 
+#include "cuda/cublas_library.h"
 #include "cuda/device_guard.h"
 #include "cuda/gemm.h"
 #include "cuda/kernels.h"
@@ -265,6 +266,8 @@ class CudaBackend final : public Backend {
                  prop.name + " (sm_" + std::to_string(prop.major * 10 + prop.minor) + ")";
     }
     if (devices.empty()) return "declines every problem here: " + reasons;
+    if (auto why = cuda::cublas_problem(); !why.empty())
+      return "declines every problem here: " + why;
     return std::string("cuBLAS GEMMs on vocab tiles + fused softmax and dlogits kernels") +
            (hopper ? " (bf16/f16 on sm_90: one wgmma kernel for each score GEMM and its epilogue)"
                    : "") +
@@ -280,6 +283,7 @@ class CudaBackend final : public Backend {
       return Support::decline("gemm = '" + config.gemm +
                               "': the cuda backend's GEMMs are cuBLAS ('cublas' or empty)");
     if (auto why = device_problem(first.device_index); !why.empty()) return Support::decline(why);
+    if (auto why = cuda::cublas_problem(); !why.empty()) return Support::decline(why);
     if (auto why = layout_problem(p); !why.empty()) return Support::decline(why);
     if (auto why = pointer_problem(p); !why.empty()) return Support::decline(why);
     if (auto why = config_problem(config, first.device_index); !why.empty())

@@ -1,6 +1,7 @@
 #include "cuda/gemm.h"
 
-#include <cublas_v2.h>
+#include "cuda/cublas_library.h"
+
 #include <cuda_runtime.h>
 
 #include <map>
@@ -54,7 +55,7 @@ cublasHandle_t take_idle_handle(int device) {
   return h;
 }
 
-std::string handle_for_current_device(cublasHandle_t* out) {
+std::string handle_for_current_device(const CublasLibrary& lib, cublasHandle_t* out) {
   thread_local ThreadHandles mine;
   int device = 0;
   if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess)
@@ -63,13 +64,13 @@ std::string handle_for_current_device(cublasHandle_t* out) {
   if (it == mine.by_device.end()) {
     cublasHandle_t h = take_idle_handle(device);
     if (h == nullptr) {
-      if (cublasStatus_t s = cublasCreate(&h); s != CUBLAS_STATUS_SUCCESS)
-        return std::string("cuda backend: cublasCreate: ") + cublasGetStatusString(s);
+      if (cublasStatus_t s = lib.create(&h); s != CUBLAS_STATUS_SUCCESS)
+        return std::string("cuda backend: cublasCreate: ") + lib.status_string(s);
       // Plain f32 math: no TF32 for f32 operands (cuBLAS' default, made explicit).
-      const cublasStatus_t mode = cublasSetMathMode(h, CUBLAS_DEFAULT_MATH);
+      const cublasStatus_t mode = lib.set_math_mode(h, CUBLAS_DEFAULT_MATH);
       if (mode != CUBLAS_STATUS_SUCCESS) {
-        cublasDestroy(h);
-        return std::string("cuda backend: cublasSetMathMode: ") + cublasGetStatusString(mode);
+        lib.destroy(h);
+        return std::string("cuda backend: cublasSetMathMode: ") + lib.status_string(mode);
       }
     }
     it = mine.by_device.emplace(device, h).first;
@@ -82,27 +83,31 @@ std::string handle_for_current_device(cublasHandle_t* out) {
 
 std::string run_gemm(const Gemm& g, cudaStream_t stream) {
   if (g.m == 0 || g.n == 0) return "";
+  const CublasLibrary* lib = cublas_library();
+  if (lib == nullptr) return "cuda backend: " + cublas_problem();
   cublasHandle_t h = nullptr;
-  if (auto e = handle_for_current_device(&h); !e.empty()) return e;
-  if (cublasStatus_t s = cublasSetStream(h, stream); s != CUBLAS_STATUS_SUCCESS)
-    return std::string("cuda backend: cublasSetStream: ") + cublasGetStatusString(s);
+  if (auto e = handle_for_current_device(*lib, &h); !e.empty()) return e;
+  if (cublasStatus_t s = lib->set_stream(h, stream); s != CUBLAS_STATUS_SUCCESS)
+    return std::string("cuda backend: cublasSetStream: ") + lib->status_string(s);
   // cuBLAS is column-major: a row-major [r, c] matrix with leading dimension
   // ld is the column-major [c, r] one, so C^T = op(B)^T op(A)^T is the call.
   const float alpha = 1.0f, beta = g.beta;
-  const cublasStatus_t s = cublasGemmEx(
+  const cublasStatus_t s = lib->gemm_ex(
       h, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, int(g.n),
       int(g.m), int(g.k), &alpha, g.b, cuda_type(g.ab), int(g.ldb), g.a, cuda_type(g.ab),
       int(g.lda), &beta, g.c, cuda_type(g.c_dtype), int(g.ldc), CUBLAS_COMPUTE_32F,
       CUBLAS_GEMM_DEFAULT);
   if (s != CUBLAS_STATUS_SUCCESS)
     return std::string("cuda backend: cublasGemmEx (") + std::to_string(g.m) + "x" +
-           std::to_string(g.n) + "x" + std::to_string(g.k) + "): " + cublasGetStatusString(s);
+           std::to_string(g.n) + "x" + std::to_string(g.k) + "): " + lib->status_string(s);
   return "";
 }
 
 std::string ready_gemm_handle() {
+  const CublasLibrary* lib = cublas_library();
+  if (lib == nullptr) return "cuda backend: " + cublas_problem();
   cublasHandle_t h = nullptr;
-  return handle_for_current_device(&h);
+  return handle_for_current_device(*lib, &h);
 }
 
 }  // namespace flce::cuda
