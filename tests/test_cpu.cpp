@@ -4,6 +4,8 @@
 // determinism across thread counts. ctest runs this suite once per ISA the
 // machine has (FLCE_MAX_ISA, see tests/CMakeLists.txt).
 #include <gtest/gtest.h>
+
+#include <cfloat>
 #include <sys/mman.h>
 
 #include <atomic>
@@ -105,6 +107,32 @@ TEST(CpuBasics, DeclinesFloat64StorageWithAReason) {
   EXPECT_NE(forced.status.error.find("f64"), std::string::npos) << forced.status.error;
   rq.config = flce::RunConfig{};
   EXPECT_EQ(run_library(c.problem(), c.storage(), rq).status.backend, "reference");
+}
+
+TEST(CpuBasics, DeclinesAScaleOrSoftcapOutsideFloat32WithAReason) {
+  // In float32 a softcap of 1e300 made NaN scores and one of 1e-300 turned
+  // the softcap off: the cpu backend declines them, the reference takes them.
+  for (double v : {1e300, 1e-300, 1e-39, 4e38}) {
+    for (bool softcap : {true, false}) {
+      SCOPED_TRACE(std::string(softcap ? "softcap " : "logit_scale ") + std::to_string(v));
+      Case c = head(3, 4, 5);
+      softcap ? c.softcap(v) : c.logit_scale(v);
+      Request rq;
+      rq.config = cpu();
+      const Outputs forced = run_library(c.problem(), c.storage(), rq);
+      EXPECT_FALSE(forced.status.ok());
+      EXPECT_NE(forced.status.error.find(softcap ? "softcap = " : "logit_scale = "),
+                std::string::npos) << forced.status.error;
+      rq.config = flce::RunConfig{};
+      EXPECT_EQ(run_library(c.problem(), c.storage(), rq).status.backend, "reference");
+    }
+  }
+  // The ends of float32's normal range are taken, and the forward agrees
+  // with the oracle (the policy's gradient bounds are NaN at these ends).
+  for (double k : {double(FLT_MIN), double(FLT_MAX)}) {
+    const Case c = head(3, 4, 5).softcap(k);
+    check(c.problem(), c.storage(), Pass::forward);
+  }
 }
 
 TEST(CpuBasics, UnknownGemmEngineIsAnError) {

@@ -377,6 +377,19 @@ TEST_F(CudaGpu, BadLabelOnTheDeviceIsAnError) {
   EXPECT_NE(out.status.error.find("labels[4] = 9"), std::string::npos) << out.status.error;
 }
 
+TEST_F(CudaGpu, DeclinesASoftcapOutsideFloat32WithAReason) {
+  // As the cpu backend (common/float32_options.h): the kernels take k and 1/k
+  // as floats, so a softcap of 1e300 would make NaN scores.
+  for (double k : {1e300, 1e-300}) {
+    Request rq;
+    rq.config = cuda();
+    const Case c = head(3, 4, 5).softcap(k);
+    const Outputs out = run_library(c.problem(), c.storage(), rq);
+    ASSERT_FALSE(out.status.ok());
+    EXPECT_NE(out.status.error.find("softcap = "), std::string::npos) << out.status.error;
+  }
+}
+
 // ---- Stashed scores (cuda/plan.h) ---------------------------------------------
 
 #ifdef FLCE_HAVE_CUDA

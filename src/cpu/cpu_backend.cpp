@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/float32_options.h"
 #include "common/loss_terms.h"
 #include "common/tensor_access.h"
 #include "cpu/operands.h"
@@ -202,6 +203,8 @@ class CpuBackend final : public Backend {
         return Support::decline(std::string("the cpu backend needs x, w and bias in one storage dtype; x is ") +
                                 dtype_str(storage) + ", " + name + " is " + dtype_str(t->dtype));
     }
+    if (auto why = float32_options_problem(p.options, "cpu"); !why.empty())
+      return Support::decline(why);
     return Support::accept();
   }
 

@@ -15,6 +15,7 @@
 #include <string>
 #include <tuple>
 
+#include "common/float32_options.h"
 #include "cuda/cublas_library.h"
 #include "cuda/device_guard.h"
 #include "cuda/gemm.h"
@@ -284,6 +285,8 @@ class CudaBackend final : public Backend {
                               "': the cuda backend's GEMMs are cuBLAS ('cublas' or empty)");
     if (auto why = device_problem(first.device_index); !why.empty()) return Support::decline(why);
     if (auto why = cuda::cublas_problem(); !why.empty()) return Support::decline(why);
+    if (auto why = float32_options_problem(p.options, "cuda"); !why.empty())
+      return Support::decline(why);
     if (auto why = layout_problem(p); !why.empty()) return Support::decline(why);
     if (auto why = pointer_problem(p); !why.empty()) return Support::decline(why);
     if (auto why = config_problem(config, first.device_index); !why.empty())
