@@ -47,7 +47,7 @@ const std::vector<Flag>& bench_flags() {
       {"reps", "R", "timed repetitions (default 5)"},
       {"warmup", "W", "untimed calls before them, 0 or 1 (default 1; 0 for shapes that take minutes)"},
       {"backend", "NAME", "force a backend (default: the first that accepts)"},
-      {"gemm", "NAME", "force the cpu backend's GEMM engine"},
+      {"gemm", "NAME", "the GEMM engine: openblas|onednn|eigen for cpu, cublas for cuda"},
       {"help", nullptr, "show this help"},
   };
   return flags;

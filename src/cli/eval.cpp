@@ -57,7 +57,7 @@ const std::vector<Flag>& eval_flags() {
       {"z-loss", "L", "z-loss weight >= 0 (default 0)"},
       {"block-rows", "R", "rows per forward call, >= 1 (default 4096)"},
       {"backend", "NAME", "backend (default: FLCE_BACKEND if set, else cpu; see `flce backends`)"},
-      {"gemm", "NAME", "force the cpu backend's GEMM engine: openblas|onednn|eigen"},
+      {"gemm", "NAME", "the GEMM engine: openblas|onednn|eigen for cpu, cublas for cuda"},
       {"threads", "T", "CPU threads, >= 1 (default: all)"},
       {"out", "DIR", "also write DIR/logprob.npy, entropy.npy and argmax.npy (int64), [N] each"},
       {"out-dtype", "f32|f64", "dtype of logprob.npy and entropy.npy (default f32)"},

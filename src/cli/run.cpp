@@ -45,7 +45,7 @@ const std::vector<Flag>& run_flags() {
       {"grad-logits", "f32|storage", "dtype of dlogits before the gradient GEMMs (cpu; default f32)"},
       {"filter-eps", "E|auto", "gradient filtering (cpu, with --grad): skip dlogits blocks with all |G| <= E kappa_i; auto = storage epsilon / 32 (default 0, off)"},
       {"backend", "NAME", "force a backend (see `flce backends`)"},
-      {"gemm", "NAME", "force the cpu backend's GEMM engine: openblas|onednn|eigen"},
+      {"gemm", "NAME", "the GEMM engine: openblas|onednn|eigen for cpu, cublas for cuda"},
       {"threads", "T", "CPU threads, >= 1 (default: all)"},
       {"out-dtype", "f32|f64", "dtype of the output arrays (default f32)"},
       {"out", "DIR", "directory for the output .npy files (created if missing)"},

@@ -20,7 +20,7 @@ std::string pick_gemm(const RunConfig& config, Dtype storage, const GemmEngine**
       std::string names;
       for (const GemmEngine* e : gemm_engines()) names += (names.empty() ? "" : ", ") + std::string(e->name());
       return "gemm = '" + config.gemm + "' is not a GEMM engine compiled into this build (available: " +
-             names + ")";
+             names + ")" + (config.gemm == "cublas" ? "; cublas is the cuda backend's" : "");
     }
     return "";
   }
