@@ -8,6 +8,8 @@ bfloat16 parameters get bfloat16 gradients, whose own rounding (2^-8
 relative) dominates: within 1e-2 norm-wise and the policy with u_o = bf16.
 """
 
+import warnings
+
 import pytest
 
 from test_package_reference import F, import_flce, norm_close, np, reference, torch
@@ -177,13 +179,33 @@ def test_mixed_dtypes_get_float32_gradients_rounded_once():
     x = torch.full((4096, 4), 20.0).half().requires_grad_(True)
     w = torch.zeros(8, 4, requires_grad=True)
     y = torch.zeros(4096, dtype=torch.long)
-    linear_cross_entropy(x, w, y, reduction="sum").backward()
+    with pytest.warns(UserWarning, match="reference"):  # the cpu backend declines
+        linear_cross_entropy(x, w, y, reduction="sum").backward()
     xr, wr = x.detach().double().requires_grad_(True), w.detach().double().requires_grad_(True)
     F.cross_entropy(xr @ wr.T, y, reduction="sum").backward()
     assert w.grad.dtype == torch.float32 and x.grad.dtype == torch.float16
     assert torch.isfinite(w.grad).all()
     norm_close("grad_w", w.grad, wr.grad, RTOL[torch.float32])
     norm_close("grad_x", x.grad.float(), xr.grad, 1e-3)  # float16's rounding, 2^-11
+
+
+def test_mixed_storage_on_the_cpu_warns_that_the_reference_runs():
+    # bf16 x and float32 W: the cpu backend declines, so the float64
+    # reference computed it, silently.
+    x, w, _, y, _, _ = make(torch.float32, {}, seed=17)
+    with pytest.warns(UserWarning, match=r"x torch.bfloat16, W torch.float32: .*reference"):
+        linear_cross_entropy(x.bfloat16(), w, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        linear_cross_entropy(x.bfloat16(), w, y, backend="reference")  # asked for
+        linear_cross_entropy(x, w.double(), y)  # float64: the reference, as documented
+        linear_cross_entropy(x.bfloat16(), w.bfloat16(), y)
+
+
+def test_the_module_shows_its_settings():
+    text = repr(LinearCrossEntropyLoss(softcap=30.0, threads=2, filter_eps="auto"))
+    assert "softcap=30.0" in text and "threads=2" in text and "filter_eps='auto'" in text
+    assert "gemm" not in text  # defaults beyond the first eight are left out
 
 
 def test_a_float64_weight_makes_the_loss_and_lse_float64():
@@ -391,8 +413,9 @@ def test_a_batch_of_no_rows(reduction):
     ignored = flce.loss_and_grad(torch.zeros(1, H), w.detach(), torch.tensor([-100]),
                                  bias=b.detach(), reduction=reduction)
     assert ignored.loss.sum().item() == 0 and not ignored.grad_w.any()
-    # Shapes and options are still checked, as for one row.
-    with pytest.raises(ValueError, match=r"^w: shape \[13, 5\] does not match x"):
+    # Shapes and options are still checked, as for one row, and the message
+    # names x's rows (it named a one-row stand-in's).
+    with pytest.raises(ValueError, match=rf"^w: shape \[13, 5\] does not match x \[0, {H}\]"):
         linear_cross_entropy(x, w[:, :5], torch.zeros(2, 0, dtype=torch.long))
     with pytest.raises(ValueError, match="^reduction: 'avg'"):
         linear_cross_entropy(x, w, torch.zeros(2, 0, dtype=torch.long), reduction="avg")

@@ -97,6 +97,20 @@ def _takes_grads_in_forward(config, wanted, x, w, bias):
         all(t.dtype != torch.float16 for t in (x, w, bias) if t is not None)
 
 
+def _warn_if_mixed_storage(x, W, bias, backend):
+    """x, W and bias of two 16/32-bit dtypes on the CPU: the cpu backend
+    declines them and, with no backend named, the float64 reference (plain
+    loops, orders of magnitude slower) runs the call. Say so once."""
+    dtypes = {t.dtype for t in (x, W, bias) if t is not None}
+    if backend is None and x.device.type == "cpu" and len(dtypes) > 1 and \
+            torch.float64 not in dtypes:
+        names = ", ".join(f"{n} {t.dtype}" for n, t in (("x", x), ("W", W), ("bias", bias))
+                          if t is not None)
+        warnings.warn(f"flce.torch: {names}: the cpu backend takes one storage dtype, so the "
+                      f"float64 reference backend (much slower) computes this; convert them to "
+                      f"one dtype (or run under torch.autocast)", stacklevel=3)
+
+
 def _any_float64(*tensors):
     """Whether the loss and lse are float64: when any of x, W and bias is
     (a float32 lse would round what a recomputed float64 backward reads)."""
@@ -307,6 +321,7 @@ def linear_cross_entropy(x, W, y, bias=None, *, class_weights=None, token_weight
                    logit_scale=_number("logit_scale", logit_scale, float), reduction=reduction,
                    w_layout=w_layout, grad_logits_dtype=grad_logits_dtype, filter_eps=filter_eps)
     run = dict(backend=backend, gemm=gemm, threads=threads)
+    _warn_if_mixed_storage(x2, W, bias, backend)
     eager = bool(grads_in_forward) and torch.is_grad_enabled() and reduction != "none" and \
         not return_lse and not return_entropy
     config = _Config(options, run, bool(return_entropy), eager)
@@ -317,9 +332,13 @@ def linear_cross_entropy(x, W, y, bias=None, *, class_weights=None, token_weight
         ignore = options["ignore_index"]
         fits = y1.dtype.is_floating_point or (torch.iinfo(y1.dtype).min <= ignore <=
                                               torch.iinfo(y1.dtype).max)
-        flce.workspace_size("forward", x2.new_zeros(1, x2.shape[1]), W,
-                            y1.new_full((1,), ignore if fits else 0), bias=bias, **one,
-                            **options, **run)
+        try:
+            flce.workspace_size("forward", x2.new_zeros(1, x2.shape[1]), W,
+                                y1.new_full((1,), ignore if fits else 0), bias=bias, **one,
+                                **options, **run)
+        except ValueError as e:  # name x's own shape, not the one-row stand-in's
+            stand_in = f"x [1, {x2.shape[1]}]"
+            raise ValueError(str(e).replace(stand_in, f"x [0, {x2.shape[1]}]")) from None
         out = _NoRows.apply(x2, W, bias, rows if reduction == "none" else (), rows)
     else:
         out = LinearCrossEntropyFunction.apply(
@@ -365,7 +384,15 @@ class LinearCrossEntropyLoss(torch.nn.Module):
             return_entropy=self.return_entropy, grads_in_forward=self.grads_in_forward)
 
     def extra_repr(self):
-        return (f"ignore_index={self.ignore_index}, label_smoothing={self.label_smoothing}, "
-                f"z_loss={self.z_loss}, softcap={self.softcap}, logit_scale={self.logit_scale}, "
-                f"reduction={self.reduction!r}, w_layout={self.w_layout!r}, "
-                f"backend={self.backend!r}")
+        shown = (f"ignore_index={self.ignore_index}, label_smoothing={self.label_smoothing}, "
+                 f"z_loss={self.z_loss}, softcap={self.softcap}, logit_scale={self.logit_scale}, "
+                 f"reduction={self.reduction!r}, w_layout={self.w_layout!r}, "
+                 f"backend={self.backend!r}")
+        # The rest where they differ from their defaults.
+        defaults = dict(gemm=None, threads=0, grad_logits_dtype="f32", filter_eps=0.0,
+                        return_lse=False, return_entropy=False, grads_in_forward=True)
+        for name, default in defaults.items():
+            value = getattr(self, name)
+            if value != default:
+                shown += f", {name}={value!r}"
+        return shown
