@@ -130,6 +130,15 @@ double as_double(py::handle h, const std::string& what) {
       py::isinstance<py::bool_>(h))
     throw py::type_error(what + ": expected a number, got " +
                          std::string(py::str(py::type::handle_of(h).attr("__name__"))));
+  if (py::isinstance<py::int_>(h)) {  // 10**400 has no double: an error, not pybind11's cast's
+    const double d = PyLong_AsDouble(h.ptr());
+    if (d == -1.0 && PyErr_Occurred()) {
+      PyErr_Clear();
+      throw py::value_error(what + ": an integer of " +
+                            std::to_string(py::len(py::str(h))) + " digits is beyond float64");
+    }
+    return d;
+  }
   return h.cast<double>();
 }
 

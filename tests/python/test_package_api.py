@@ -166,6 +166,9 @@ def test_numpy_uint16_is_bfloat16_bits():
     assert r16.loss == r32.loss  # these values are exact in bf16
     assert np.array_equal(flce.bf16_bits_to_float32(r16.grad_x),
                           torch.from_numpy(r32.grad_x).bfloat16().float().numpy())
+    # A 0-D array keeps its shape both ways.
+    assert bits(np.array(1.5, dtype=np.float32)).shape == ()
+    assert flce.bf16_bits_to_float32(np.array(0x3FC0, dtype=np.uint16)) == np.float32(1.5)
     # Rounding to nearest even, as torch does.
     vals = np.array([1.00390625, 1.01171875, -3.3e38, np.inf, 1e-40], dtype=np.float32)
     want = torch.from_numpy(vals).bfloat16().view(torch.int16).numpy().view(np.uint16)
@@ -209,6 +212,13 @@ def test_torch_tensors_written_in_place_follow_autograd_rules():
     with pytest.raises(ValueError, match=r"^logits \(inplace=True\): a view of a leaf tensor"):
         flce.loss_and_grad(logits=leaf[:], labels=yt, **opts, inplace=True)
     assert not leaf.detach().any()
+    # Unlike torch's in-place ops, flce's write is not recorded in the graph:
+    # a tensor in one that requires grad is refused too (a = 2 h; flce wrote
+    # h's lse; backward gave a.grad = 2 as if h were still 2a).
+    h = torch.ones(N, requires_grad=True) * 2
+    with pytest.raises(ValueError, match=r"^out\['lse'\]: a tensor in an autograd graph"):
+        flce.forward(logits=leaf.detach(), labels=yt, **opts, out={"lse": h})
+    assert torch.equal(h.detach(), torch.full((N,), 2.0))
     # An inference tensor is written only in inference mode, as torch does.
     with torch.inference_mode():
         frozen = torch.zeros(N, V)
@@ -348,6 +358,7 @@ def test_bad_inputs_raise_the_library_message(change, error, message):
     ({"filter_eps": float("nan")}, ValueError, r"^filter_eps = nan"),
     # Each argument named, none coerced in silence.
     ({"z_loss": True}, TypeError, r"^z_loss: expected a number, got bool"),
+    ({"logit_scale": 10 ** 400}, ValueError, r"^logit_scale: an integer of 401 digits is beyond"),
     ({"threads": 1.9}, TypeError, r"^threads: expected an int, got float"),
     ({"threads": "a"}, TypeError, r"^threads: expected an int, got str"),
     ({"outputs": None}, TypeError, r"^outputs: expected a name or a sequence of names"),

@@ -129,15 +129,19 @@ def describe(name, obj, output=False):
 
 
 def check_writable(name, obj):
-    """Refuses what torch refuses to write in place: with grad mode on, a
-    leaf tensor that requires grad, or a view of one (its .grad would no
-    longer match it); an inference tensor outside inference mode."""
+    """Refuses, with grad mode on, a tensor that requires grad: a leaf or a
+    view of one, which torch refuses to write in place too (its .grad would
+    no longer match it), and any other, whose graph would not see flce's
+    write (a torch in-place op is recorded; flce's is not, so the gradient
+    through it would be silently wrong). Also an inference tensor outside
+    inference mode."""
     if not is_torch(obj):
         return
     torch = _torch()
     base = obj._base if obj._base is not None else obj
-    if obj.requires_grad and base.is_leaf and torch.is_grad_enabled():
-        what = "a leaf tensor" if base is obj else "a view of a leaf tensor"
+    if obj.requires_grad and torch.is_grad_enabled():
+        what = "a leaf tensor" if base is obj and obj.is_leaf else \
+            "a view of a leaf tensor" if base.is_leaf else "a tensor in an autograd graph"
         raise ValueError(f"{name}: {what} that requires grad cannot be written in place "
                          f"(pass .detach(), or call under torch.no_grad())")
     inference = getattr(obj, "is_inference", lambda: False)()
@@ -211,16 +215,18 @@ def to_float64(obj):
 def bf16_bits_to_float32(bits):
     """uint16 bfloat16 bit patterns -> float32 values (exact)."""
     bits = np.asarray(bits, dtype=np.uint16)
-    return (bits.astype(np.uint32) << 16).view(np.float32)
+    wide = np.asarray(bits.astype(np.uint32) << 16, dtype=np.uint32)  # 0-D stays an array
+    return wide.reshape(-1).view(np.float32).reshape(bits.shape)
 
 
 def float32_to_bf16_bits(values):
     """float32 values -> uint16 bfloat16 bits, rounded to nearest even (as
     torch's float32 -> bfloat16 conversion; NaN stays NaN)."""
-    f = np.ascontiguousarray(values, dtype=np.float32)
+    shape = np.shape(values)  # ascontiguousarray makes a 0-D array 1-D
+    f = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
     u = f.view(np.uint32).astype(np.uint64)
     rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
     out = rounded.astype(np.uint16)
     nan = np.isnan(f)
     out[nan] = ((u[nan] >> 16) | 0x40).astype(np.uint16)  # keep sign, force a quiet NaN
-    return out
+    return out.reshape(shape)
