@@ -653,6 +653,9 @@ TEST_F(CliOptions, ADeclineNamesTheFlagItIsAbout) {
   const std::string err = fails(plus(args, {"--backend", "reference", "--gemm", "eigen"}),
                                 {"--backend with --gemm:", "no GEMM engine"});
   EXPECT_EQ(err.find("--backend with --gemm"), err.find("--")) << err;
+  // The backend named by the environment: the flag is named before it.
+  fails(plus(args, {"--gemm", "eigen"}), {"--gemm: FLCE_BACKEND = reference: declines"},
+        "FLCE_BACKEND=reference");
   // Host arrays go to cpu, whose engines cublas is not one of.
   fails(plus(args, {"--gemm", "cublas"}), {"--gemm:", "cublas is the cuda backend's"});
 }

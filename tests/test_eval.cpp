@@ -30,7 +30,6 @@
 #include <fstream>
 #include <iterator>
 #include <random>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -693,6 +692,9 @@ TEST_F(EvalErrors, BadOptions) {
   fails(with("--threads", "0"), {"--threads: 0 is not in [1, 4096]"});
   fails(with("--backend", "gpu9"), {"--backend: ", "gpu9"});
   fails(with("--gemm", "nosuch"), {"--gemm: ", "nosuch"});
+  // The default backend declines a softcap float32 cannot hold: both named.
+  fails(with("--softcap", "1e300"), {"the default backend (--backend picks another) with "
+                                     "--softcap: ", "softcap = 1e+300"});
   fails(with("--reduction", "sum"), {"unknown option '--reduction'"});
   Args a = args;
   a.push_back("--json=1");
@@ -718,25 +720,37 @@ TEST_F(EvalErrors, FailuresLeaveEarlierOutputsAlone) {
   EXPECT_HAS(r.err, "--out " + tmp.file("file") + ": cannot create the directory");
 }
 
-TEST_F(EvalErrors, OutputsOfAnEarlierRunDoNotStayBesideEvals) {
-  // A `flce run --grad` into --out, then an eval there: the directory holds
-  // eval's three files only (a leftover lse.npy or grad_w.npy would pass
-  // for this data's), and its logprob.npy is eval's.
+TEST_F(EvalErrors, OutputsOfAnEarlierRunAreLeftAndNamed) {
+  // A `flce run --grad` into --out, then an eval there: eval's three files
+  // are replaced; the run's others stay (they may be the user's own) and
+  // eval names them on stderr, since a leftover lse.npy could pass for this
+  // eval's.
   const Result ran = run({"run", "--x", tmp.file("x.npy"), "--w", tmp.file("w.npy"), "--labels",
                           tmp.file("y.npy"), "--grad", "--reduction", "none", "--out", out});
   ASSERT_EQ(ran.code, 0) << ran.err;
-  ASSERT_GT(snapshot_dir(out).size(), 3u);
+  const auto before = snapshot_dir(out);
   const Result evaluated = run(with("--logit-scale", "0.5"));
   ASSERT_EQ(evaluated.code, 0) << evaluated.err;
-  std::set<std::string> names;
-  for (const auto& [name, bytes] : snapshot_dir(out)) names.insert(name);
-  EXPECT_EQ(names, (std::set<std::string>{"logprob.npy", "entropy.npy", "argmax.npy"}));
+  EXPECT_HAS(evaluated.err, "flce eval: note: --out " + out +
+                                " also holds loss.npy, lse.npy, zloss.npy, grad_x.npy, "
+                                "grad_w.npy, which this eval did not write");
   const Result again = run({"run", "--x", tmp.file("x.npy"), "--w", tmp.file("w.npy"),
                             "--labels", tmp.file("y.npy"), "--logit-scale", "0.5",
                             "--reduction", "none", "--out", tmp.file("run")});
   ASSERT_EQ(again.code, 0) << again.err;
-  EXPECT_EQ(flce_test::read_bytes(out + "/logprob.npy"),
-            flce_test::read_bytes(tmp.file("run") + "/logprob.npy"));
+  const auto after = snapshot_dir(out);
+  EXPECT_EQ(after.size(), before.size());
+  for (const auto& [name, bytes] : before) {
+    const bool evals = name == "logprob.npy" || name == "entropy.npy" || name == "argmax.npy";
+    EXPECT_EQ(after.at(name), evals ? flce_test::read_bytes(tmp.file("run") + "/" + name) : bytes)
+        << name;
+  }
+  EXPECT_NE(after.at("logprob.npy"), before.at("logprob.npy"));
+  // An eval into a directory of its own outputs says nothing.
+  const Result quiet = run(with("--out", tmp.file("evals")));
+  ASSERT_EQ(quiet.code, 0) << quiet.err;
+  const Result twice = run(with("--out", tmp.file("evals")));
+  EXPECT_EQ(twice.err.find("note"), std::string::npos) << twice.err;
 }
 
 // `flce eval ARGS` (with --out), sent SIGINT `delay_us` after its temporary

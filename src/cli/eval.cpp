@@ -321,8 +321,8 @@ class Outputs {
   io::NpyOutFile& argmax() { return *files_[2].out; }
 
   // Closes the files and renames them into place (commit_outputs: all or
-  // none, and no other command's outputs left beside them).
-  void commit(const std::vector<std::string>& inputs) {
+  // none). Returns the other output names (of an earlier `flce run`) in DIR.
+  std::vector<std::string> commit(const std::vector<std::string>& inputs) {
     namespace fs = std::filesystem;
     Renames renames;
     for (File& f : files_) {
@@ -332,9 +332,11 @@ class Outputs {
     g_committing = 1;
     std::atomic_signal_fence(std::memory_order_seq_cst);
     throw_if_interrupted("after the last row");  // one that came before the flag
-    commit_outputs(dir_, renames, inputs);
+    const std::vector<std::string> others =
+        commit_outputs(dir_, renames, inputs, /*remove_others=*/false);
     committed_ = true;
     g_tmp_count = 0;  // renamed: nothing for the handler to remove
+    return others;
   }
 
  private:
@@ -540,7 +542,14 @@ int eval(const Args& args) {
     progress.update(r0 + b);
   }
   progress.finish(N);
-  if (outputs) outputs->commit(input_files(args, eval_flags()));  // stops there for a signal inside the last block
+  std::vector<std::string> others;  // stops at commit for a signal inside the last block
+  if (outputs) others = outputs->commit(input_files(args, eval_flags()));
+  if (!others.empty()) {  // left as they were: they may be the user's
+    std::string names;
+    for (const std::string& o : others) names += (names.empty() ? "" : ", ") + o;
+    std::fprintf(stderr, "flce eval: note: --out %s also holds %s, which this eval did not write\n",
+                 args.get("out").c_str(), names.c_str());
+  }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   print_summary(args, backend, t, seconds);

@@ -53,9 +53,28 @@ void check(const std::string& error) {
   if (!error.empty()) throw Failure{error};
 }
 
+namespace {
+
+// The flag a backend's decline is about where the user gave it ("backend =
+// reference: declines this problem: gemm = 'eigen': ..." and --gemm eigen),
+// to name beside the backend's source, since changing either one would do.
+const FlagOf* decline_cause(const std::string& error, const Args& args) {
+  const std::string declines = ": declines this problem: ";
+  const size_t at = error.find(declines);
+  if (at == std::string::npos) return nullptr;
+  const std::string reason = error.substr(at + declines.size());
+  const FlagOf* cause = flag_of(reason.substr(0, reason.find_first_of(" :[")));
+  return cause != nullptr && args.has(cause->flag) ? cause : nullptr;
+}
+
+}  // namespace
+
 std::string explain_api_error(const std::string& error, const Args& args) {
   const FlagOf* of = flag_of(error.substr(0, error.find_first_of(" :[")));
-  if (of == nullptr) return error;
+  const FlagOf* cause = decline_cause(error, args);
+  if (of == nullptr)  // "FLCE_BACKEND = reference: declines this problem: ..."
+    return cause ? flag_and_value(*cause, args) + ": " + error : error;
+  const std::string with = cause && cause != of ? " with " + flag_and_value(*cause, args) : "";
   const char* flag = of->flag;
   if (!args.has(flag)) {  // a default, not the user's flag: say where it came from
     if (std::string(flag) != "backend") return error;
@@ -63,20 +82,9 @@ std::string explain_api_error(const std::string& error, const Args& args) {
     return (env != nullptr && *env != '\0' ? std::string("FLCE_BACKEND=") + env
                                             : std::string("the default backend (--backend picks "
                                                           "another)")) +
-           ": " + error;
+           with + ": " + error;
   }
-  std::string where = flag_and_value(*of, args);
-  // "backend = reference: declines this problem: gemm = '...': ...": the decline is about
-  // another flag the user gave, so name both.
-  const std::string declines = ": declines this problem: ";
-  const size_t at = error.find(declines);
-  if (at != std::string::npos) {
-    const std::string reason = error.substr(at + declines.size());
-    const FlagOf* cause = flag_of(reason.substr(0, reason.find_first_of(" :[")));
-    if (cause != nullptr && cause != of && args.has(cause->flag))
-      where += " with " + flag_and_value(*cause, args);
-  }
-  return where + ": " + error;
+  return flag_and_value(*of, args) + with + ": " + error;
 }
 
 std::vector<std::string> input_files(const Args& args, const std::vector<Flag>& flags) {

@@ -166,7 +166,8 @@ void allocate_outputs(RunState& s, Problem& p, Dtype out, bool grad) {
 
 // Writes every output under a temporary name, then commit_outputs() renames
 // them all into place (or none) and removes outputs of an earlier command
-// that this run does not write; on a failed write it removes what it wrote.
+// that this run does not write (a grad_w.npy after a run without --grad), so
+// DIR holds one run's outputs; on a failed write it removes what it wrote.
 void write_outputs(const RunState& s, const std::string& dir,
                    const std::vector<std::string>& inputs) {
   namespace fs = std::filesystem;
@@ -182,7 +183,7 @@ void write_outputs(const RunState& s, const std::string& dir,
       throw Failure{"--out: " + e};
     }
   }
-  commit_outputs(dir, written, inputs);
+  commit_outputs(dir, written, inputs, /*remove_others=*/true);
 }
 
 void print_summary(const RunState& s, const Status& status, const Problem& p,
