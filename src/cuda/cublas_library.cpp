@@ -21,8 +21,9 @@ bool resolve(void* handle, const char* name, F* slot, std::string* problem) {
 Loaded load() {
   Loaded l;
   // The soname of the cuBLAS this was compiled against, found as the dynamic
-  // linker finds libraries (the executable's run path, LD_LIBRARY_PATH, the
-  // system's cache), then at the path CMake found at build time.
+  // linker finds libraries (the run path of the object holding flce: the
+  // executable, or the Python extension; LD_LIBRARY_PATH; the system's
+  // cache), then at the path CMake found at build time.
   const std::string soname = "libcublas.so." + std::to_string(CUBLAS_VER_MAJOR);
   void* handle = dlopen(soname.c_str(), RTLD_NOW | RTLD_LOCAL);
   std::string error = handle == nullptr ? dlerror() : "";

@@ -193,11 +193,14 @@ def test_mixed_storage_on_the_cpu_warns_that_the_reference_runs():
     # bf16 x and float32 W: the cpu backend declines, so the float64
     # reference computed it, silently.
     x, w, _, y, _, _ = make(torch.float32, {}, seed=17)
-    with pytest.warns(UserWarning, match=r"x torch.bfloat16, W torch.float32: .*reference"):
+    with pytest.warns(UserWarning, match=r"x torch.bfloat16, W torch.float32: .*reference") as got:
         linear_cross_entropy(x.bfloat16(), w, y)
+        LinearCrossEntropyLoss()(x.bfloat16(), w, y)
+    assert [r.filename for r in got] == [__file__] * 2  # the caller's line, past nn.Module
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         linear_cross_entropy(x.bfloat16(), w, y, backend="reference")  # asked for
+        linear_cross_entropy(x[:0].bfloat16(), w, y[:0])  # no rows: nothing runs
         linear_cross_entropy(x, w.double(), y)  # float64: the reference, as documented
         linear_cross_entropy(x.bfloat16(), w.bfloat16(), y)
 
