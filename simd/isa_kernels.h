@@ -17,9 +17,10 @@
 //                  tile max) if finite, else 0 (see common.h). Terms:
 //                    sum_exp   += exp(s - shift)
 //                    sum_exp_s += e == 0 ? 0 : e * s      (no 0 * -inf NaN)
-//                    sum_cs    += c == 0 ? 0 : c * s      (weight 0 drops the class)
-//                  A NaN s makes sum_exp and sum_exp_s NaN (and sum_cs unless
-//                  c = 0) and first_nan its lowest index; the max ignores it.
+//                    sum_cs    += c * s                   (0 * inf is NaN, as the
+//                                                          semantics' c_j logp_j)
+//                  A NaN s makes sum_exp, sum_exp_s and sum_cs NaN and
+//                  first_nan its lowest index; the max ignores it.
 //                  argmax: the lowest index of the max among non-NaN s (so an
 //                  all -inf tile has max -inf and argmax at its first -inf); it
 //                  stays -1 while only NaNs were seen. The old state's sums are

@@ -294,6 +294,49 @@ TEST(CpuEdge, NaNAndInfRows) {
   }
 }
 
+// Label smoothing on a class of weight 0 whose logit is infinite: c_j logp_j
+// is 0 * inf, NaN in the semantics (as in PyTorch); the kernels dropped the
+// class and gave a finite loss. The gradients stay finite.
+TEST(CpuEdge, SmoothingOnAnInfiniteLogitOfWeightZeroIsNaN) {
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  for (double bad : {-kInf, kInf}) {
+    SCOPED_TRACE("value " + std::to_string(bad));
+    const Case c = logits(5, kTile + 9).reduction(Reduction::none).with_class_weights()
+                       .label_smoothing(0.1);
+    DenseProblem d = c.problem();
+    d.class_weights[7] = 0;
+    for (int64_t i = 0; i < d.n; i += 2) d.logits[i * d.v + 7] = bad;
+    check(d, c.storage(), Pass::forward);
+    check(d, c.storage(), Pass::loss_and_grad);
+  }
+}
+
+// An ignored row with a +inf logit: lse = +inf, and the loss's coefficient
+// g_loss (2 l lse) was 0 * inf = NaN, which made the row's whole gradient NaN
+// where the oracle has NaN at the infinite class only (p = e^(inf - inf)).
+TEST(CpuEdge, AnIgnoredRowWithAnInfiniteLogitHasNaNGradientsOnlyThere) {
+  const Case c = logits(5, kTile + 9).reduction(Reduction::none).ignore_rows({2, 3});
+  DenseProblem d = c.problem();
+  d.logits[2 * d.v + 7] = std::numeric_limits<double>::infinity();
+  check(d, c.storage(), Pass::loss_and_grad);
+  check(d, c.storage(), Pass::backward);
+}
+
+// The label's column under a saturated softcap: p_y -> 1, and G_y =
+// a (1 - t^2)(p_y - 1) is tiny. The label term used a double ds/dz and the
+// kernel's p_y term an f32 one, whose difference (~2^-24 t^2) is then the
+// slope itself: 96% off, 8.8 times the bound, at z = 25 with k = 5.
+TEST(CpuEdge, TheLabelColumnUnderASaturatedSoftcap) {
+  for (double z : {20.0, 25.0, 40.0}) {
+    SCOPED_TRACE("z = " + std::to_string(z));
+    const Case c = logits(3, 4).softcap(5).reduction(Reduction::sum);
+    DenseProblem d = c.problem();
+    for (int64_t j = 0; j < d.v; ++j) d.logits[j] = j == 0 ? z : -z;
+    d.labels[0] = 0;
+    check(d, c.storage(), Pass::loss_and_grad);
+  }
+}
+
 // Views whose strides a GEMM cannot take as they are: size-1 dimensions of
 // stride 0 (api.cpp makes them contiguous for every backend) and x and W
 // whose rows overlap (the cpu backend copies such a W): the policy of

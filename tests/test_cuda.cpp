@@ -333,6 +333,34 @@ TEST_F(CudaGpu, NaNAndInfRows) {
   check(d, c.storage(), Pass::loss_and_grad);
 }
 
+// Label smoothing on a class of weight 0 whose logit is infinite: NaN in
+// the semantics (0 * inf in c_j logp_j), where the kernels dropped the class.
+// The tile kernels (f32) and the fused one (bf16, H = 8).
+TEST_F(CudaGpu, SmoothingOnAnInfiniteLogitOfWeightZeroIsNaN) {
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  for (const Case& base : {head(9, 6, 41), fused_head(9, 8, 41, 1)})
+  for (double bad : {-kInf, kInf}) {
+    SCOPED_TRACE("value " + std::to_string(bad) + ", " + flce::dtype_name(base.storage().inputs));
+    Case c = base;
+    c.reduction(Reduction::none).with_class_weights().label_smoothing(0.1);
+    DenseProblem d = c.problem();
+    d.class_weights[7] = 0;
+    d.w[7 * d.h + 1] = bad;  // class 7's logit is infinite (or NaN) in every row
+    check(d, c.storage(), Pass::loss_and_grad);
+    check(d, c.storage(), Pass::forward);
+  }
+}
+
+// An ignored row with a +inf logit: NaN gradients at that class only, as
+// the oracle's (g_loss 2 l lse was 0 * inf = NaN over the whole row).
+TEST_F(CudaGpu, AnIgnoredRowWithAnInfiniteLogitHasNaNGradientsOnlyThere) {
+  const Case c = logits(5, 41).reduction(Reduction::none).ignore_rows({2, 3});
+  DenseProblem d = c.problem();
+  d.logits[2 * d.v + 7] = std::numeric_limits<double>::infinity();
+  check(d, c.storage(), Pass::loss_and_grad);
+  check(d, c.storage(), Pass::backward);
+}
+
 // merge_rows folds a row's tile states on 32 lanes (lane l: tiles l, l + 32,
 // ...): maxima tied across tiles of one lane, of two lanes and inside one
 // tile must still give the lowest class, as the oracle's scan does.

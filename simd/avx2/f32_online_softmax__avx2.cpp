@@ -70,7 +70,8 @@ struct Acc {
 };
 
 // One vector of terms; masked-off tail lanes arrive as s = -inf, c = 0, and
-// `m` keeps them out of sum_cs (kTail only).
+// `m` keeps them out of sum_cs (kTail only). A weight of 0 on an infinite s
+// gives NaN, as c_j logp_j does in the semantics.
 template <bool kClassW, bool kMoments, bool kTail = false>
 inline void accumulate(Acc& acc, __m256 x, __m256 c, __m256 shift, __m256 m = __m256()) {
   const __m256 e = exp_ps(_mm256_sub_ps(x, shift));
@@ -79,8 +80,8 @@ inline void accumulate(Acc& acc, __m256 x, __m256 c, __m256 shift, __m256 m = __
   // e * max(s, -FLT_MAX): e == 0 exactly where s = -inf, so no 0 * inf.
   acc.ses = _mm256_fmadd_ps(e, _mm256_max_ps(splat(-0x1.fffffep127f), x), acc.ses);
   if (kClassW) {
-    const __m256 nz = _mm256_cmp_ps(c, _mm256_setzero_ps(), _CMP_NEQ_UQ);
-    acc.scs = _mm256_add_ps(acc.scs, _mm256_and_ps(nz, _mm256_mul_ps(c, x)));
+    const __m256 cx = _mm256_mul_ps(c, x);  // 0 * -inf in a tail lane: NaN, masked off
+    acc.scs = _mm256_add_ps(acc.scs, kTail ? _mm256_and_ps(m, cx) : cx);
   } else {
     acc.scs = _mm256_add_ps(acc.scs, kTail ? _mm256_and_ps(m, x) : x);
   }

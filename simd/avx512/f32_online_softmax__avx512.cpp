@@ -76,9 +76,8 @@ inline void accumulate(Acc& acc, __m512 x, __m512 c, __m512 shift, __mmask16 m) 
   if (!kMoments) return;
   // e * max(s, -FLT_MAX): e == 0 exactly where s = -inf, so no 0 * inf.
   acc.ses = _mm512_fmadd_ps(e, _mm512_max_ps(splat(-0x1.fffffep127f), x), acc.ses);
-  if (kClassW) {
-    const __mmask16 nz = _mm512_mask_cmp_ps_mask(m, c, _mm512_setzero_ps(), _CMP_NEQ_UQ);
-    acc.scs = _mm512_mask3_fmadd_ps(c, x, acc.scs, nz);
+  if (kClassW) {  // a weight of 0 on an infinite s: NaN, as c_j logp_j in the semantics
+    acc.scs = _mm512_mask3_fmadd_ps(c, x, acc.scs, m);
   } else {
     acc.scs = _mm512_mask_add_ps(acc.scs, m, acc.scs, x);
   }

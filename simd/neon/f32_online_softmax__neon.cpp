@@ -79,13 +79,10 @@ inline void accumulate(Acc& acc, float32x4_t x, float32x4_t c, float32x4_t shift
   if (!kMoments) return;
   // e * max(s, -FLT_MAX) (FMAX keeps NaN): e == 0 exactly where s = -inf.
   acc.ses = vfmaq_f32(acc.ses, e, vmaxq_f32(x, splat(-0x1.fffffep127f)));
-  if (kClassW) {
-    const uint32x4_t z = vceqq_f32(c, splat(0.0f));
-    acc.scs = vaddq_f32(acc.scs, vreinterpretq_f32_u32(vbicq_u32(
-                                     vreinterpretq_u32_f32(vmulq_f32(c, x)), z)));
-  } else {
-    acc.scs = vaddq_f32(acc.scs, vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(x), m)));
-  }
+  // A weight of 0 on an infinite s gives NaN, as c_j logp_j does in the
+  // semantics; padded lanes (0 * -inf) are masked off.
+  const float32x4_t term = kClassW ? vmulq_f32(c, x) : x;
+  acc.scs = vaddq_f32(acc.scs, vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(term), m)));
 }
 
 template <bool kClassW, bool kMoments>

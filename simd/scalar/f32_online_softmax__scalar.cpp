@@ -21,7 +21,7 @@ void f32_online_softmax__scalar(const float* s, const float* class_w, int64_t n,
     sum_exp += e;
     if (!moments) continue;
     sum_exp_s += e == 0 ? 0.0f : e * s[i];
-    if (class_w) sum_cs += class_w[i] == 0 ? 0.0f : class_w[i] * s[i];
+    if (class_w) sum_cs += class_w[i] * s[i];
     else sum_cs += s[i];
   }
 

@@ -661,7 +661,7 @@ inline void check_online_softmax(const KernelSet& ks, const KernelSet& ref, Repo
               xse += e;
               if (e != 0) ses += std::fabs(e * si), xses += e * si;
               const float ci = with_cw ? c[size_t(i)] : 1.0f;
-              if (ci != 0) scs += std::fabs(double(ci) * si), xscs += double(ci) * si;
+              scs += std::fabs(double(ci) * si), xscs += double(ci) * si;  // 0 * inf: NaN
               if (std::isfinite(si)) smax = std::fabs(si) > smax ? std::fabs(si) : smax;
             }
             const float f = rescale_factor(m0, mt);
@@ -693,6 +693,10 @@ inline void check_online_softmax(const KernelSet& ks, const KernelSet& ref, Repo
             auto exact = [&](const char* what, float v, double old, double sum, double abs_sum,
                              double term_err, double slack) {
               const double total = old + sum;
+              if (std::isnan(total)) {  // a NaN term: the sum must be NaN too
+                r.expect(std::isnan(v), format("%s: %s = %.9g, exact NaN", where.c_str(), what, v));
+                return;
+              }
               if (!std::isfinite(total) || !std::isfinite(abs_sum)) return;
               const double tol = (term_err + gh) * abs_sum + 2 * kU * (std::fabs(old) + abs_sum) + slack;
               r.expect(std::fabs(double(v) - total) <= tol,

@@ -196,8 +196,13 @@ void set_grad_terms(const Context& c, int64_t i, RowInfo* info) {
   info->g_loss = info->ignored ? 0.0 : loss_cotangent(c.p, c.denom, i) * t_i;
   info->g_lse = p.grad_lse.present() ? load(p.grad_lse, i) : 0.0;
   info->g_ent = p.grad_entropy.present() ? load(p.grad_entropy, i) : 0.0;
-  info->coef_p = info->g_loss * ((1 - e) * c_y + (e / V) * c.class_sum + 2 * o.z_loss * info->lse) +
-                 info->g_lse;
+  // No loss term where g_loss = 0 (an ignored row), as the oracle: 0 * (2 l
+  // lse) would be NaN for lse = +inf and poison the row's every class.
+  const double loss_p =
+      info->g_loss == 0
+          ? 0.0
+          : info->g_loss * ((1 - e) * c_y + (e / V) * c.class_sum + 2 * o.z_loss * info->lse);
+  info->coef_p = loss_p + info->g_lse;
   info->coef_c = -info->g_loss * e / V;
   if (c.plan.filter) set_filter_terms(c.plan, o, info);
 }
@@ -255,13 +260,26 @@ void rows_from_inputs(const Context& c, int64_t i0, int64_t rows) {
 
 namespace {
 
+// G at row r's label column, in double from its score s_y: the dlogits
+// kernel's p_y term and the label term -(1-e) c_y g_loss together, through
+// one ds/dz. Apart, the kernel's f32 slope 1 - t^2 and a double one differ
+// by ~2^-24 t^2, which near the softcap's saturation is the slope itself,
+// while p_y -> 1 cancels the rest (a 96% error at z = 5k).
+double label_column_grad(const Context& c, const RowInfo& info, double s_y, double coef_c) {
+  const Options& o = c.p.options;
+  const double w_y = c.ws.class_w ? c.ws.class_w[info.y] : 1.0;
+  const double p = std::exp(s_y - info.lse);
+  double d = info.coef_p * p + coef_c * w_y - info.g_loss * (1 - o.label_smoothing) * w_y;
+  if (info.g_ent != 0) d -= info.g_ent * (p == 0 ? 0.0 : p * (s_y - info.sbar));
+  const double dsdz = o.softcap > 0 ? 1 - (s_y / o.softcap) * (s_y / o.softcap) : 1.0;
+  return o.logit_scale * dsdz * d;
+}
+
 // G for row r over the tile's columns j0 .. j0+n, in place over its scores s.
 void row_tile_grad(const Context& c, float* s, int64_t r, int64_t j0, int64_t n) {
   const Plan& plan = c.plan;
   const Options& o = c.p.options;
   const RowInfo& info = c.ws.rows[r];
-  const double e = o.label_smoothing;
-  const double c_y = info.ignored ? 0.0 : (c.ws.class_w ? c.ws.class_w[info.y] : 1.0);
   simd::DlogitsParams q;
   q.lse = float(info.lse);
   q.coef_p = float(info.coef_p);
@@ -275,11 +293,8 @@ void row_tile_grad(const Context& c, float* s, int64_t r, int64_t j0, int64_t n)
   // label's own was kept aside exactly.
   const double s_y = !label_here ? 0.0 : plan.packed_scores ? info.s_y : s[info.y - j0];
   plan.kernels->dlogits(s, c.ws.class_w ? c.ws.class_w + j0 : nullptr, n, &q, s);
-  if (label_here && info.g_loss != 0) {
-    // The label term -(1-e) c_y g_loss at j = y, through ds/dz and dz/du.
-    const double dsdz = o.softcap > 0 ? 1 - (s_y / o.softcap) * (s_y / o.softcap) : 1.0;
-    s[info.y - j0] -= float(o.logit_scale * dsdz * info.g_loss * (1 - e) * c_y);
-  }
+  if (label_here && info.g_loss != 0)
+    s[info.y - j0] = float(label_column_grad(c, info, s_y, plan.filter_uniform ? 0 : info.coef_c));
   if (plan.round_grad_logits) round_to_storage(s, n, plan.storage);
   if (plan.flush_subnormal_g) flush_subnormals(s, n);
 }

@@ -220,7 +220,7 @@ __global__ void tile_states_kernel(LossArgs g, ScoreTile tile, int64_t t, int64_
       if (kSbar) sum_exp_s += e == 0 ? 0.0f : e * s[k];
       if (kSumCs && k < n) {
         const float cw = q.class_weight(c + k);
-        sum_cs += cw == 0 ? 0.0f : cw * s[k];
+        sum_cs += cw * s[k];  // 0 * inf is NaN, as the semantics' c_j logp_j
       }
     }
     if (group_max == max && arg_c < 0) {  // columns rise within a thread: the first wins
@@ -375,7 +375,11 @@ __global__ void merge_rows_kernel(LossArgs g, const TileState* states, int64_t t
   const double V = double(g.v);
   info.lse = lse;
   info.sbar = sbar;
-  info.coef_p = g_loss * ((1 - g.e) * c_y + (g.e / V) * sc.class_sum + 2 * g.l * lse) + g_lse;
+  // No loss term where g_loss = 0 (an ignored row), as the oracle: 0 * (2 l
+  // lse) would be NaN for lse = +inf and poison the row's every class.
+  const double loss_p = g_loss == 0 ? 0.0 : g_loss * ((1 - g.e) * c_y + (g.e / V) * sc.class_sum +
+                                                       2 * g.l * lse);
+  info.coef_p = loss_p + g_lse;
   info.coef_c = -g_loss * g.e / V;
   info.coef_h = g_ent;
   info.label_coef = g_loss * (1 - g.e) * c_y;

@@ -265,7 +265,7 @@ struct States {
             const int col = column_of(r + k, quad);
             if (col < limit) {
               const float cw = q.class_weight(int(n0) + col);
-              row.sum_cs += cw == 0 ? 0.0f : cw * s;
+              row.sum_cs += cw * s;  // 0 * inf is NaN, as c_j logp_j
             }
           }
         }
