@@ -193,6 +193,19 @@ def test_in_place_grad_logits_numpy_and_torch():
     assert torch.equal(zt, want_t)
 
 
+def test_in_place_takes_the_logits_dtype_and_names_what_it_refuses():
+    inputs, opts = make_case("defaults", "float32", "numpy", "logits")
+    z = inputs.pop("logits")
+    # grad_dtype was ignored without a word; one that differs is an error now.
+    with pytest.raises(ValueError, match=r"^grad_dtype: 'float64', but inplace=True"):
+        flce.loss_and_grad(logits=z.copy(), **inputs, **opts, inplace=True, grad_dtype="float64")
+    r = flce.loss_and_grad(logits=z.copy(), **inputs, **opts, inplace=True, grad_dtype="input")
+    assert r.grad_logits.dtype == np.float32
+    # An array flce cannot write is named as it was given.
+    with pytest.raises(ValueError, match=r"^logits \(inplace=True\): this output array"):
+        flce.loss_and_grad(logits=z.copy()[:, ::-1], **inputs, **opts, inplace=True)
+
+
 def test_torch_tensors_written_in_place_follow_autograd_rules():
     inputs, opts = make_case("defaults", "float32", "numpy", "logits")
     yt = torch.from_numpy(inputs["labels"])
@@ -351,7 +364,8 @@ def test_bad_inputs_raise_the_library_message(change, error, message):
     ({"grads": ("y",)}, ValueError, r"^grads: 'y' is not one of x, w, bias, logits"),
     ({"out_dtype": "float16"}, ValueError, r"^out_dtype: 'float16' is not 'float32' or"),
     ({"out": {"loss": np.zeros((), dtype=np.int32)}}, ValueError, r"^loss: dtype i32 is not accepted"),
-    ({"out": {"lse": np.zeros(N, dtype=np.float32)[::-1]}}, TypeError, r"^lse: this output array"),
+    ({"out": {"lse": np.zeros(N, dtype=np.float32)[::-1]}}, ValueError,
+     r"^out\['lse'\]: this output array"),
     ({"inplace": True}, ValueError, r"^inplace: only the logits-level entry"),
     ({"filter_eps": -1.0}, ValueError, r"^filter_eps = -1.0+: must be >= 0"),
     ({"filter_eps": "often"}, TypeError, r"^filter_eps: expected a number, got str"),

@@ -224,6 +224,9 @@ def _call(pass_, args, measure=False):
             raise ValueError("inplace: writes grad_logits over the logits, so out['grad_logits'] "
                              "cannot be given too")
         _arrays.check_writable("logits (inplace=True)", logits)
+        if grad_dtype is not None and grad_dt != in_dtype:
+            raise ValueError(f"grad_dtype: {grad_dtype!r}, but inplace=True writes grad_logits "
+                             f"over the logits, which are {in_dtype}")
         given["grad_logits"] = logits  # the same view: written over the input
         if "grad_logits" not in wanted:
             wanted.append("grad_logits")
@@ -246,7 +249,10 @@ def _call(pass_, args, measure=False):
                 "grad_bias": ((v,), grad_dt), "grad_logits": ((n, v), grad_dt),
             }[name]
             owner = _arrays.empty_like_kind(ref, shape, dtype)
-        tensors[name], owner = _arrays.describe(name, owner, output=True)
+        # Named as the caller gave it: out['lse'], or the logits for inplace=True.
+        label = name if name not in given else "logits (inplace=True)" \
+            if args.get("inplace") and name == "grad_logits" else f"out[{name!r}]"
+        tensors[name], owner = _arrays.describe(label, owner, output=True)
         keep.append(owner)
         results[name] = owner
 
@@ -297,14 +303,15 @@ def backward(x=None, w=None, labels=None, lse=None, *, logits=None, bias=None,
              token_weights=None, class_weights=None, grad_loss=None, grad_lse=None,
              grad_entropy=None, logit_scale=1.0, softcap=0.0, ignore_index=-100,
              label_smoothing=0.0, z_loss=0.0, reduction="mean", w_layout="vh",
-             grad_logits_dtype="f32", filter_eps=0.0, grads=None, grad_dtype="float32",
+             grad_logits_dtype="f32", filter_eps=0.0, grads=None, grad_dtype=None,
              inplace=False, out=None, backend=None, gemm=None, threads=0):
     """Gradients from the lse that forward() returned. Cotangents: grad_loss
     (a number or 0-D array for sum/mean, [N] for none; default 1), grad_lse
     and grad_entropy ([N]; default 0). `grads` picks among 'x', 'w', 'bias'
     (default: all the problem has) or 'logits' (the logits entry); they are
-    float32, float64 or 'input' (x's or the logits' dtype). inplace=True
-    writes grad_logits over the logits. filter_eps (a number >= 0 or 'auto',
+    float32 (default), float64 or 'input' (x's or the logits' dtype) by
+    grad_dtype. inplace=True writes grad_logits over the logits, in their
+    dtype (a grad_dtype that differs is an error). filter_eps (a number >= 0 or 'auto',
     the storage dtype's epsilon / 32) turns on gradient filtering (README);
     Result.stats counts the blocks it skipped. Returns a Result."""
     return _call("backward", locals())

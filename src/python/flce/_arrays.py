@@ -75,7 +75,7 @@ def _numpy_descriptor(name, arr, output):
     readable = sizes_ok and arr.dtype.isnative and arr.flags.aligned
     if not readable:
         if output:
-            raise TypeError(
+            raise ValueError(
                 f"{name}: this output array cannot be written in place by flce (strides "
                 f"{arr.strides} bytes, dtype {arr.dtype}, aligned={arr.flags.aligned}); flce "
                 f"needs native byte order, alignment and positive strides that are multiples "
