@@ -31,6 +31,14 @@ def _missing_deps():
     return None
 
 
+def pytest_configure(config):
+    """Under CI=true (.ci/deps installs numpy and torch), a missing one stops
+    the run: skipping every test would let the job pass."""
+    reason = _missing_deps()
+    if reason is not None and os.environ.get("CI") == "true":
+        raise pytest.UsageError(f"{reason} (CI=true)")
+
+
 @pytest.fixture(scope="session")
 def python_deps():
     """Skips (with a clear message) when numpy or torch cannot be imported."""
