@@ -296,7 +296,8 @@ TEST(CpuEdge, NaNAndInfRows) {
 
 // Label smoothing on a class of weight 0 whose logit is infinite: c_j logp_j
 // is 0 * inf, NaN in the semantics (as in PyTorch); the kernels dropped the
-// class and gave a finite loss. The gradients stay finite.
+// class and gave a finite loss. (Where the logit is +inf, lse is too and the
+// row's gradients are NaN, in the oracle as well.)
 TEST(CpuEdge, SmoothingOnAnInfiniteLogitOfWeightZeroIsNaN) {
   constexpr double kInf = std::numeric_limits<double>::infinity();
   for (double bad : {-kInf, kInf}) {
