@@ -1,6 +1,7 @@
 // commit_outputs (src/cli/out_dir.h), the step `flce run` and `flce eval`
 // end with: their outputs go into --out all together or not at all.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <map>
@@ -76,6 +77,18 @@ TEST(OutDir, ADanglingSymlinkAtAFinalNameIsPutBackOnFailure) {
   ASSERT_TRUE(fs::is_symlink(dir.file("loss.npy")));
   EXPECT_EQ(fs::read_symlink(dir.file("loss.npy")), "nowhere.npy");
   const std::map<std::string, Bytes> expected = {{"loss.npy", {}}};  // the link only
+  EXPECT_EQ(snapshot_dir(dir.path()), expected);
+}
+
+TEST(OutDir, AKeptCopyAKilledRunLeftIsReplaced) {
+  // A run killed mid-commit leaves ".loss.npy.old<pid>"; a later run of the
+  // same pid must not fail on it (nor leave it).
+  flce_test::TempDir dir;
+  write_bytes(dir.file("loss.npy"), Bytes{1});
+  write_bytes(dir.file(".loss.npy.old" + std::to_string(::getpid())), Bytes{9});
+  write_bytes(dir.file(".loss.npy.tmp"), Bytes{4});
+  commit_outputs(dir.path(), {{dir.file(".loss.npy.tmp"), dir.file("loss.npy")}}, {}, true);
+  const std::map<std::string, Bytes> expected = {{"loss.npy", Bytes{4}}};
   EXPECT_EQ(snapshot_dir(dir.path()), expected);
 }
 

@@ -19,6 +19,7 @@ constexpr const char* kOutputFiles[] = {
 // never missing) and a later failure can put it back. "" or the error.
 std::string keep(const fs::path& final_path, const fs::path& kept) {
   std::error_code ec;
+  fs::remove(kept, ec);  // one a killed run of the same pid left
   fs::create_hard_link(final_path, kept, ec);
   if (ec && fs::is_regular_file(fs::symlink_status(final_path)))
     fs::copy_file(final_path, kept, ec);
