@@ -55,7 +55,13 @@ cublasHandle_t take_idle_handle(int device) {
   return h;
 }
 
-std::string handle_for_current_device(const CublasLibrary& lib, cublasHandle_t* out) {
+// cuBLAS (loaded at the first call) and this thread's handle for the current
+// device; "" or why not.
+std::string handle_for_current_device(const CublasLibrary** lib_out, cublasHandle_t* out) {
+  const CublasLibrary* loaded = cublas_library();
+  if (loaded == nullptr) return "cuda backend: " + cublas_problem();
+  const CublasLibrary& lib = *loaded;
+  *lib_out = loaded;
   thread_local ThreadHandles mine;
   int device = 0;
   if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess)
@@ -83,10 +89,9 @@ std::string handle_for_current_device(const CublasLibrary& lib, cublasHandle_t* 
 
 std::string run_gemm(const Gemm& g, cudaStream_t stream) {
   if (g.m == 0 || g.n == 0) return "";
-  const CublasLibrary* lib = cublas_library();
-  if (lib == nullptr) return "cuda backend: " + cublas_problem();
+  const CublasLibrary* lib = nullptr;
   cublasHandle_t h = nullptr;
-  if (auto e = handle_for_current_device(*lib, &h); !e.empty()) return e;
+  if (auto e = handle_for_current_device(&lib, &h); !e.empty()) return e;
   if (cublasStatus_t s = lib->set_stream(h, stream); s != CUBLAS_STATUS_SUCCESS)
     return std::string("cuda backend: cublasSetStream: ") + lib->status_string(s);
   // cuBLAS is column-major: a row-major [r, c] matrix with leading dimension
@@ -104,10 +109,9 @@ std::string run_gemm(const Gemm& g, cudaStream_t stream) {
 }
 
 std::string ready_gemm_handle() {
-  const CublasLibrary* lib = cublas_library();
-  if (lib == nullptr) return "cuda backend: " + cublas_problem();
+  const CublasLibrary* lib = nullptr;
   cublasHandle_t h = nullptr;
-  return handle_for_current_device(*lib, &h);
+  return handle_for_current_device(&lib, &h);
 }
 
 }  // namespace flce::cuda
