@@ -725,8 +725,14 @@ TEST_F(EvalErrors, OutputsOfAnEarlierRunAreLeftAndNamed) {
   // are replaced; the run's others stay (they may be the user's own) and
   // eval names them on stderr, since a leftover lse.npy could pass for this
   // eval's.
-  const Result ran = run({"run", "--x", tmp.file("x.npy"), "--w", tmp.file("w.npy"), "--labels",
-                          tmp.file("y.npy"), "--grad", "--reduction", "none", "--out", out});
+  // `flce run` on this fixture's problem, per sample, with `extra`.
+  const auto run_problem = [&](Args extra) {
+    Args args = {"run", "--x", tmp.file("x.npy"), "--w", tmp.file("w.npy"),
+                 "--labels", tmp.file("y.npy"), "--reduction", "none"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return run(args);
+  };
+  const Result ran = run_problem({"--grad", "--out", out});
   ASSERT_EQ(ran.code, 0) << ran.err;
   const auto before = snapshot_dir(out);
   const Result evaluated = run(with("--logit-scale", "0.5"));
@@ -734,9 +740,7 @@ TEST_F(EvalErrors, OutputsOfAnEarlierRunAreLeftAndNamed) {
   EXPECT_HAS(evaluated.err, "flce eval: note: --out " + out +
                                 " also holds loss.npy, lse.npy, zloss.npy, grad_x.npy, "
                                 "grad_w.npy, which this eval did not write");
-  const Result again = run({"run", "--x", tmp.file("x.npy"), "--w", tmp.file("w.npy"),
-                            "--labels", tmp.file("y.npy"), "--logit-scale", "0.5",
-                            "--reduction", "none", "--out", tmp.file("run")});
+  const Result again = run_problem({"--logit-scale", "0.5", "--out", tmp.file("run")});
   ASSERT_EQ(again.code, 0) << again.err;
   const auto after = snapshot_dir(out);
   EXPECT_EQ(after.size(), before.size());
