@@ -765,7 +765,7 @@ struct Interrupted {
   std::string err;
 };
 Interrupted interrupt_eval(const Args& args, const std::string& out, const std::string& err_file,
-                           useconds_t delay_us, bool twice = false) {
+                           useconds_t delay_us, bool twice = false, int signal = SIGINT) {
   const pid_t pid = spawn_cli(args, err_file);
   Interrupted r;
   if (pid <= 0) return r;
@@ -774,7 +774,7 @@ Interrupted interrupt_eval(const Args& args, const std::string& out, const std::
     if (!r.started) ::usleep(10000);
   }
   if (r.started) ::usleep(delay_us);
-  ::kill(pid, r.started ? SIGINT : SIGKILL);
+  ::kill(pid, r.started ? signal : SIGKILL);
   if (r.started && twice) {
     ::usleep(50000);
     ::kill(pid, SIGINT);
@@ -784,23 +784,43 @@ Interrupted interrupt_eval(const Args& args, const std::string& out, const std::
   return r;
 }
 
-TEST_F(EvalErrors, InterruptRemovesTheTemporaryFiles) {
-  // A long eval (one row per call), interrupted once its output files exist.
+// The args of an eval of 20000 rows one at a time (seconds), into `out`.
+Args long_eval(const flce_test::TempDir& tmp, const std::string& out) {
   constexpr int64_t kRows = 20000;
   std::vector<double> x(static_cast<size_t>(kRows * H)), y(static_cast<size_t>(kRows));
   for (size_t i = 0; i < x.size(); ++i) x[i] = double(i % 17) / 17.0 - 0.5;
   for (size_t i = 0; i < y.size(); ++i) y[i] = double(i % size_t(V));
   write_array(tmp.file("x_long.npy"), Dtype::f32, {kRows, H}, x);
   write_array(tmp.file("y_long.npy"), Dtype::i64, {kRows}, y);
-  const Interrupted r = interrupt_eval(
-      {"eval", "--x", tmp.file("x_long.npy"), "--w", tmp.file("w.npy"), "--labels",
-       tmp.file("y_long.npy"), "--block-rows", "1", "--out", out},
-      out, tmp.file("interrupt_stderr.txt"), 0);
+  return {"eval", "--x", tmp.file("x_long.npy"), "--w", tmp.file("w.npy"), "--labels",
+          tmp.file("y_long.npy"), "--block-rows", "1", "--out", out};
+}
+
+TEST_F(EvalErrors, InterruptRemovesTheTemporaryFiles) {
+  // A long eval (one row per call), interrupted once its output files exist.
+  const Interrupted r = interrupt_eval(long_eval(tmp, out), out, tmp.file("interrupt_stderr.txt"), 0);
   ASSERT_TRUE(r.started) << "the output files never appeared";
   ASSERT_TRUE(WIFEXITED(r.status)) << "killed by a signal instead of stopping cleanly";
   EXPECT_EQ(WEXITSTATUS(r.status), 2);
   EXPECT_HAS(r.err, "flce eval: error: interrupted by signal 2 at row ");
   EXPECT_TRUE(snapshot_dir(out).empty()) << "temporary files left in --out";
+}
+
+TEST_F(EvalErrors, TheNextEvalRemovesWhatAKilledOneLeft) {
+  // SIGKILL (the OOM killer, a scheduler's hard stop) leaves the hidden
+  // temporaries, which can be as large as the outputs; the next command
+  // into --out removes them and says so.
+  const Interrupted r = interrupt_eval(long_eval(tmp, out), out, tmp.file("interrupt_stderr.txt"), 0,
+                                       false, SIGKILL);
+  ASSERT_TRUE(r.started) << "the output files never appeared";
+  ASSERT_EQ(snapshot_dir(out).size(), 3u) << "the killed eval left no temporaries to test with";
+  const Result again = run(with("--out", out));
+  ASSERT_EQ(again.code, 0) << again.err;
+  EXPECT_HAS(again.err, "flce eval: note: removed .argmax.npy.tmp.");
+  EXPECT_HAS(again.err, "(left by a flce process of this host that is no longer running)");
+  std::vector<std::string> names;
+  for (const auto& [name, bytes] : snapshot_dir(out)) names.push_back(name);
+  EXPECT_EQ(names, (std::vector<std::string>{"argmax.npy", "entropy.npy", "logprob.npy"}));
 }
 
 TEST_F(EvalErrors, InterruptDuringTheLastBlockLeavesOutAsItWas) {

@@ -1,6 +1,7 @@
 // commit_outputs (src/cli/out_dir.h), the step `flce run` and `flce eval`
 // end with: their outputs go into --out all together or not at all.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -80,12 +81,69 @@ TEST(OutDir, ADanglingSymlinkAtAFinalNameIsPutBackOnFailure) {
   EXPECT_EQ(snapshot_dir(dir.path()), expected);
 }
 
+// ".NAME.KIND.HOST.PID": the hidden name a flce process writes (KIND tmp)
+// or keeps a replaced file under (KIND old) in --out.
+std::string hidden(const std::string& name, const std::string& kind, pid_t pid,
+                   std::string host = "") {
+  if (host.empty()) {
+    char buf[256] = "";
+    host = ::gethostname(buf, sizeof buf - 1) == 0 && buf[0] ? buf : "localhost";
+  }
+  return "." + name + "." + kind + "." + host + "." + std::to_string(pid);
+}
+
+// The pid of a process that has exited and been reaped.
+pid_t a_dead_pid() {
+  const pid_t pid = ::fork();
+  if (pid == 0) ::_exit(0);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return pid;
+}
+
+TEST(OutDir, TemporaryFilesAreHiddenAndNameTheirHostAndProcess) {
+  EXPECT_EQ(flce::cli::temporary_path("d", "loss.npy"),
+            fs::path("d") / hidden("loss.npy", "tmp", ::getpid()));
+}
+
+TEST(OutDir, WhatAProcessThatIsGoneLeftIsRemovedWithANote) {
+  // A flce process killed mid-write (SIGKILL, the OOM killer) leaves its
+  // hidden files; the next command into DIR removes those of this host
+  // whose process is gone, and only those.
+  flce_test::TempDir dir;
+  const pid_t dead = a_dead_pid();
+  const std::string gone_tmp = hidden("logprob.npy", "tmp", dead);
+  const std::string gone_old = hidden("loss.npy", "old", dead);
+  write_bytes(dir.file(gone_tmp), Bytes{1});
+  write_bytes(dir.file(gone_old), Bytes{2});
+  std::map<std::string, Bytes> kept = {
+      {hidden("loss.npy", "tmp", ::getpid()), Bytes{3}},          // a running process's
+      {hidden("loss.npy", "tmp", dead, "elsewhere"), Bytes{4}},   // another host's
+      {hidden("notes.txt", "tmp", dead), Bytes{5}},               // not an output name
+      {hidden("loss.npy", "tmp", dead) + "x", Bytes{6}},          // not a pid
+      {"loss.npy", Bytes{7}}};
+  for (const auto& [name, bytes] : kept) write_bytes(dir.file(name), bytes);
+  testing::internal::CaptureStderr();
+  flce::cli::make_out_dir(dir.path(), "flce eval");
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(snapshot_dir(dir.path()), kept);
+  EXPECT_NE(err.find("flce eval: note: removed "), std::string::npos) << err;
+  EXPECT_NE(err.find(gone_tmp), std::string::npos) << err;
+  EXPECT_NE(err.find(gone_old), std::string::npos) << err;
+  EXPECT_NE(err.find("left by a flce process of this host that is no longer running"),
+            std::string::npos) << err;
+  // Nothing to remove: no note.
+  testing::internal::CaptureStderr();
+  flce::cli::make_out_dir(dir.path(), "flce eval");
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
+}
+
 TEST(OutDir, AKeptCopyAKilledRunLeftIsReplaced) {
-  // A run killed mid-commit leaves ".loss.npy.old<pid>"; a later run of the
-  // same pid must not fail on it (nor leave it).
+  // A run killed mid-commit leaves ".loss.npy.old.HOST.PID"; a later run of
+  // the same pid must not fail on it (nor leave it).
   flce_test::TempDir dir;
   write_bytes(dir.file("loss.npy"), Bytes{1});
-  write_bytes(dir.file(".loss.npy.old" + std::to_string(::getpid())), Bytes{9});
+  write_bytes(dir.file(hidden("loss.npy", "old", ::getpid())), Bytes{9});
   write_bytes(dir.file(".loss.npy.tmp"), Bytes{4});
   commit_outputs(dir.path(), {{dir.file(".loss.npy.tmp"), dir.file("loss.npy")}}, {}, true);
   const std::map<std::string, Bytes> expected = {{"loss.npy", Bytes{4}}};

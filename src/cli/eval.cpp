@@ -294,14 +294,11 @@ class Outputs {
   void create(int64_t n, Dtype real) {
     namespace fs = std::filesystem;
     const std::string& dir = dir_;
-    make_out_dir(dir);
-    const std::string suffix = ".tmp" + std::to_string(::getpid());
+    make_out_dir(dir, "flce eval");
     const std::pair<const char*, Dtype> files[] = {
         {"logprob.npy", real}, {"entropy.npy", real}, {"argmax.npy", Dtype::i64}};
     for (auto [name, dtype] : files) {
-      std::string hidden(".");  // ".logprob.npy.tmp1234"
-      hidden.append(name).append(suffix);
-      File f{name, (fs::path(dir) / hidden).string(), std::make_unique<io::NpyOutFile>()};
+      File f{name, temporary_path(dir, name).string(), std::make_unique<io::NpyOutFile>()};
       remove_on_second_signal(f.tmp);
       files_.push_back(std::move(f));  // listed before creation: removed on failure
       if (auto e = files_.back().out->create(files_.back().tmp, dtype, {n}); !e.empty())

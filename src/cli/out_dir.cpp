@@ -1,6 +1,11 @@
 #include "cli/out_dir.h"
 
+#include <signal.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
 
 #include "cli/inputs.h"
 
@@ -13,6 +18,36 @@ namespace {
 constexpr const char* kOutputFiles[] = {
     "loss.npy",   "lse.npy",    "logprob.npy",   "argmax.npy",      "entropy.npy",
     "zloss.npy",  "grad_x.npy", "grad_w.npy",    "grad_bias.npy",   "grad_logits.npy"};
+
+// This machine's name, which hidden file names carry with the pid.
+std::string host_name() {
+  char host[256] = "";
+  if (::gethostname(host, sizeof host - 1) != 0 || !host[0]) return "localhost";
+  return host;
+}
+
+// ".NAME.KIND.HOST.PID" for this process (KIND: tmp, a file being written;
+// old, a replaced file kept until the commit ends).
+std::string hidden_name(const std::string& name, const char* kind) {
+  return "." + name + "." + kind + "." + host_name() + "." + std::to_string(::getpid());
+}
+
+// Whether `entry` is a hidden file of an output name that a flce process of
+// this host left, and that process is no longer running.
+bool left_by_a_dead_process(const std::string& entry) {
+  for (const char* file : kOutputFiles)
+    for (const char* kind : {"tmp", "old"}) {
+      std::string prefix(".");  // ".loss.npy.tmp.HOST."
+      prefix.append(file).append(".").append(kind).append(".").append(host_name()).append(".");
+      if (entry.size() <= prefix.size() || entry.compare(0, prefix.size(), prefix) != 0) continue;
+      const std::string digits = entry.substr(prefix.size());
+      if (digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos)
+        return false;
+      const pid_t pid = static_cast<pid_t>(std::stol(digits));
+      return pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH;
+    }
+  return false;
+}
 
 // Keeps what is at `final_path` as `kept` (a hard link, else a copy of a
 // regular file) so that the rename over it stays atomic (the final name is
@@ -43,12 +78,28 @@ void roll_back(const Renames& renames, const std::vector<fs::path>& kept, size_t
 
 }  // namespace
 
-void make_out_dir(const std::string& dir) {
+void make_out_dir(const std::string& dir, const char* command) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec || !fs::is_directory(dir))
     throw Failure{"--out " + dir + ": cannot create the directory" +
                   (ec ? " (" + ec.message() + ")" : std::string(" (a file is in the way)"))};
+  std::vector<std::string> removed;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string entry = it->path().filename().string();
+    std::error_code ignored;
+    if (left_by_a_dead_process(entry) && fs::remove(it->path(), ignored)) removed.push_back(entry);
+  }
+  if (removed.empty()) return;
+  std::sort(removed.begin(), removed.end());
+  std::string names;
+  for (const std::string& entry : removed) names += (names.empty() ? "" : ", ") + entry;
+  std::fprintf(stderr, "%s: note: removed %s from --out %s (left by a flce process of this host "
+               "that is no longer running)\n", command, names.c_str(), dir.c_str());
+}
+
+fs::path temporary_path(const std::string& dir, const std::string& name) {
+  return fs::path(dir) / hidden_name(name, "tmp");
 }
 
 std::vector<std::string> commit_outputs(const std::string& dir, const Renames& renames,
@@ -66,13 +117,10 @@ std::vector<std::string> commit_outputs(const std::string& dir, const Renames& r
         type != fs::file_type::symlink)
       fail(0, final_path.string() + " exists and is not a regular file");
   }
-  const std::string suffix = ".old" + std::to_string(::getpid());
   for (size_t k = 0; k < renames.size(); ++k) {
     const auto& [tmp, final_path] = renames[k];
     if (fs::symlink_status(final_path, ec).type() != fs::file_type::not_found) {
-      std::string hidden(".");  // ".grad_w.npy.old1234"
-      hidden.append(final_path.filename().string()).append(suffix);
-      kept[k] = final_path.parent_path() / hidden;
+      kept[k] = final_path.parent_path() / hidden_name(final_path.filename().string(), "old");
       if (auto e = keep(final_path, kept[k]); !e.empty()) {
         kept[k].clear();
         fail(k, e);

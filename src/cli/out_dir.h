@@ -9,8 +9,15 @@
 
 namespace flce::cli {
 
-// Creates DIR if missing; throws Failure naming --out if it cannot.
-void make_out_dir(const std::string& dir);
+// Creates DIR if missing (throws Failure naming --out if it cannot), and
+// removes what a flce process of this host that is no longer running left
+// there (killed mid-write: its hidden temporary and kept files), with a
+// note on stderr naming them after `command` ("flce eval").
+void make_out_dir(const std::string& dir, const char* command);
+
+// DIR/.NAME.tmp.HOST.PID: where this process writes output NAME until the
+// commit. Hidden; the host and pid tell a later command whose it was.
+std::filesystem::path temporary_path(const std::string& dir, const std::string& name);
 
 // The files are complete under temporary names in DIR: (temporary, final).
 // Renames each onto its final name, all or none: a file already at a final

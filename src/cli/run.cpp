@@ -171,11 +171,10 @@ void allocate_outputs(RunState& s, Problem& p, Dtype out, bool grad) {
 void write_outputs(const RunState& s, const std::string& dir,
                    const std::vector<std::string>& inputs) {
   namespace fs = std::filesystem;
-  make_out_dir(dir);
+  make_out_dir(dir, "flce run");
   Renames written;  // temporary, final
-  const std::string suffix = ".tmp" + std::to_string(::getpid());
   for (auto& [file, array] : s.outputs) {
-    const fs::path tmp = fs::path(dir) / ("." + file + suffix);
+    const fs::path tmp = temporary_path(dir, file);
     written.push_back({tmp, fs::path(dir) / file});
     if (auto e = io::write_npy(tmp.string(), *array); !e.empty()) {
       std::error_code ignored;
