@@ -613,7 +613,9 @@ TEST_F(CliOptions, NonNumericValues) {
     fails(plus(args, {flag, "abc"}), {flag, "'abc'", "not a number"});
     fails(plus(args, {flag, "1.5x"}), {flag, "'1.5x'"});
     fails(plus(args, {std::string(flag) + "="}), {flag, "''"});
+    fails(plus(args, {flag, " 0.5"}), {flag, "' 0.5'", "not a number"});  // strtod skips spaces
   }
+  fails(plus(args, {"--threads", " 1"}), {"--threads", "' 1'", "not an integer"});
   fails(plus(args, {"--ignore-index", "1.5"}), {"--ignore-index", "'1.5'", "not an integer"});
   fails(plus(args, {"--ignore-index", "99999999999999999999"}),
         {"--ignore-index", "99999999999999999999"});

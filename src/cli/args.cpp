@@ -1,5 +1,6 @@
 #include "cli/args.h"
 
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -50,7 +51,8 @@ std::string Args::get_double(const std::string& name, double* out) const {
   char* end = nullptr;
   errno = 0;
   const double v = std::strtod(text.c_str(), &end);
-  if (text.empty() || *end != '\0') return "--" + name + ": '" + text + "' is not a number";
+  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0])) || *end != '\0')
+    return "--" + name + ": '" + text + "' is not a number";  // strtod skips leading spaces
   // ERANGE: overflow, or underflow, which a subnormal survives but a 0 from
   // nonzero text (1e-400) does not: that would turn an option off unasked.
   if (errno == ERANGE && (std::fabs(v) > 1 || v == 0))
@@ -65,7 +67,8 @@ std::string Args::get_int(const std::string& name, int64_t* out) const {
   char* end = nullptr;
   errno = 0;
   const long long v = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0') return "--" + name + ": '" + text + "' is not an integer";
+  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0])) || *end != '\0')
+    return "--" + name + ": '" + text + "' is not an integer";
   if (errno == ERANGE) return "--" + name + ": '" + text + "' is out of the 64-bit range";
   *out = v;
   return "";
