@@ -406,9 +406,10 @@ TEST_F(CudaGpu, BadLabelOnTheDeviceIsAnError) {
 }
 
 TEST_F(CudaGpu, DeclinesASoftcapOutsideFloat32WithAReason) {
-  // As the cpu backend (common/float32_options.h): the kernels take k and 1/k
-  // as floats, so a softcap of 1e300 would make NaN scores.
-  for (double k : {1e300, 1e-300}) {
+  // As the cpu backend (common/float32_options.h): the kernels take k, 1/k
+  // and k log2(e) as floats, so a softcap of 1e300 would make NaN scores,
+  // and one of 3e38 an infinite k log2(e) in the fused kernel.
+  for (double k : {1e300, 1e-300, 3e38}) {
     Request rq;
     rq.config = cuda();
     const Case c = head(3, 4, 5).softcap(k);

@@ -1,7 +1,11 @@
 // The options a backend that computes in float32 can hold. A logit scale or
 // a softcap outside float32's normal range turns into inf or 0 there: a
 // softcap of 1e300 made every score NaN, one of 1e-300 turned the softcap
-// off. Such a backend declines them (the reference takes any finite value).
+// off. The kernels also use 1/k and k log2(e): above 2^126 (about 8.5e37)
+// 1/k is subnormal (z/k loses digits), and above 2.36e38 k log2(e) is inf
+// (the fused CUDA kernel would form 0 inf = NaN at z = 0, found by reading
+// it), so a softcap must be at most 2^126. Such a backend declines the
+// others (the reference takes any finite value).
 #pragma once
 
 #include <cfloat>
@@ -16,17 +20,21 @@ namespace flce {
 inline std::string float32_options_problem(const Options& o, const char* backend) {
   const struct {
     const char* name;
-    double value;
+    double value, most;
     bool zero_is_off;
-  } scalars[] = {{"logit_scale", o.logit_scale, false}, {"softcap", o.softcap, true}};
+    const char* range;
+  } scalars[] = {
+      {"logit_scale", o.logit_scale, FLT_MAX, false, "float32's normal range"},
+      {"softcap", o.softcap, 1 / double(FLT_MIN), true,
+       "the range where it and its reciprocal are normal float32"}};
   for (const auto& s : scalars) {
     if (s.zero_is_off && s.value == 0) continue;
-    if (s.value >= FLT_MIN && s.value <= FLT_MAX) continue;
-    char text[200];
+    if (s.value >= FLT_MIN && s.value <= s.most) continue;
+    char text[240];
     std::snprintf(text, sizeof text,
-                  "%s = %g is outside float32's normal range [%g, %g], in which the %s backend "
-                  "computes (the reference backend takes it)",
-                  s.name, s.value, double(FLT_MIN), double(FLT_MAX), backend);
+                  "%s = %g is outside %s [%g, %g], in which the %s backend computes (the "
+                  "reference backend takes it)",
+                  s.name, s.value, s.range, double(FLT_MIN), s.most, backend);
     return text;
   }
   return "";
