@@ -45,14 +45,26 @@ def rows_of(report):
     return rows
 
 
+# The error a gemm/ row reports where the engine has no native GEMM in its
+# dtype (bf16 without oneDNN's): a skip, as the README says, not a failure.
+# (Google Benchmark 1.7 has only SkipWithError.)
+NO_NATIVE_GEMM = re.compile(r"has no native \w+ GEMM")
+
+
 def failures(report):
     """(name, message) of every benchmark that reported an error (out of
     memory, say): they have no row, so the report names them."""
     return [(b["name"], b.get("error_message", "")) for b in report["benchmarks"]
-            if b.get("error_occurred")]
+            if b.get("error_occurred") and not NO_NATIVE_GEMM.search(b.get("error_message", ""))]
 
 
-def markdown(rows, context, failed=()):
+def skipped(report):
+    """(name, message) of the gemm/ rows skipped for want of a native GEMM."""
+    return [(b["name"], b["error_message"]) for b in report["benchmarks"]
+            if b.get("error_occurred") and NO_NATIVE_GEMM.search(b.get("error_message", ""))]
+
+
+def markdown(rows, context, failed=(), skips=()):
     out = [f"Machine: {context.get('num_cpus')} CPUs, {context.get('host_name')}, "
            f"load average {context.get('load_avg')}, {context.get('date')}.", "",
            "| shape | dtype | pass | threads | ms | tokens/s | GFLOP/s | ratio to GEMM | peak extra MiB |",
@@ -62,6 +74,8 @@ def markdown(rows, context, failed=()):
                    f"{r['tokens_per_s']:.0f} | {r['gflops']:.1f} | "
                    f"{'-' if r['ratio'] is None else format(r['ratio'], '.3f')} | "
                    f"{r['extra_mb']:.1f} |")
+    if skips:
+        out += ["", "Skipped:"] + [f"- {name}: {msg}" for name, msg in skips]
     if failed:
         out += ["", "Failed, so not in the table:"] + [f"- {name}: {msg}" for name, msg in failed]
     return "\n".join(out) + "\n" + scaling(rows)
@@ -87,7 +101,11 @@ def scaling(rows):
 
 
 def chart(rows, path):
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        sys.exit(f"report.py: --png {path} needs matplotlib (Debian's python3-matplotlib; "
+                 "bash .ci/deps bench installs it)")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     threads = max(r["threads"] for r in rows)
@@ -118,12 +136,18 @@ def main():
     parser.add_argument("--png", help="write the chart here")
     args = parser.parse_args()
     with open(args.json) as f:
-        report = json.load(f)
+        text = f.read()
+    try:
+        report = json.loads(text)
+    except json.JSONDecodeError as e:
+        sys.exit(f"report.py: {args.json} is not flce_benchmarks' JSON"
+                 + (" (it is empty: did the filter match no benchmark?)" if not text.strip()
+                    else f" ({e})"))
     rows, failed = rows_of(report), failures(report)
     if not rows:
         sys.exit(f"report.py: {args.json} holds no flce/... benchmarks"
                  + "".join(f"\n  failed: {name}: {msg}" for name, msg in failed))
-    table = markdown(rows, report.get("context", {}), failed)
+    table = markdown(rows, report.get("context", {}), failed, skipped(report))
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(table)
