@@ -27,6 +27,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -58,9 +60,43 @@ std::vector<std::string> split(const std::string& s) {
   return out;
 }
 
-std::vector<int64_t> split_ints(const std::string& s) {
+// Exits with status 2 and a message naming the flag and the value.
+[[noreturn]] void bad(const std::string& flag, const std::string& why) {
+  std::fprintf(stderr, "flce_gemm_engines: %s: %s\n", flag.c_str(), why.c_str());
+  std::exit(2);
+}
+
+// `text` as a whole integer in [lo, hi], else bad().
+int64_t integer(const std::string& flag, const std::string& text, int64_t lo, int64_t hi) {
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0])) || *end != '\0' ||
+      errno == ERANGE || v < lo || v > hi)
+    bad(flag, "'" + text + "' is not an integer in [" + std::to_string(lo) + ", " +
+                  std::to_string(hi) + "]");
+  return v;
+}
+
+// A comma-separated list of sizes in [1, 2^20].
+std::vector<int64_t> split_sizes(const std::string& flag, const std::string& s) {
   std::vector<int64_t> out;
-  for (const std::string& t : split(s)) out.push_back(std::stoll(t));
+  for (const std::string& t : split(s)) out.push_back(integer(flag, t, 1, int64_t(1) << 20));
+  if (out.empty()) bad(flag, "'" + s + "' names no size");
+  return out;
+}
+
+// Every entry of a comma-separated list is one of `choices`, else bad().
+std::vector<std::string> split_choices(const std::string& flag, const std::string& s,
+                                       const std::vector<std::string>& choices) {
+  const std::vector<std::string> out = split(s);
+  for (const std::string& t : out)
+    if (std::find(choices.begin(), choices.end(), t) == choices.end()) {
+      std::string list;
+      for (const std::string& c : choices) list += (list.empty() ? "" : ", ") + c;
+      bad(flag, "'" + t + "' is not one of " + list);
+    }
+  if (out.empty()) bad(flag, "'" + s + "' names nothing");
   return out;
 }
 
@@ -275,15 +311,20 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--seconds") seconds = std::stod(value());
-    else if (a == "--repeats") repeats = std::stoi(value());
-    else if (a == "--threads") threads = std::stoi(value());
+    if (a == "--seconds") {
+      const std::string text = value();
+      char* end = nullptr;
+      seconds = std::strtod(text.c_str(), &end);
+      if (text.empty() || *end != '\0' || !(seconds > 0 && seconds <= 3600))
+        bad(a, "'" + text + "' is not a number of seconds in (0, 3600]");
+    } else if (a == "--repeats") repeats = int(integer(a, value(), 1, 1000));
+    else if (a == "--threads") threads = int(integer(a, value(), 1, 1024));
     else if (a == "--engines") engine_names = split(value());
-    else if (a == "--dtypes") dtype_names = split(value());
-    else if (a == "--kinds") kind_names = split(value());
-    else if (a == "--rows") rows = split_ints(value());
-    else if (a == "--tiles") tiles = split_ints(value());
-    else if (a == "--hidden") hidden = split_ints(value());
+    else if (a == "--dtypes") dtype_names = split_choices(a, value(), {"f32", "bf16"});
+    else if (a == "--kinds") kind_names = split_choices(a, value(), {"logits", "grad_x", "grad_W"});
+    else if (a == "--rows") rows = split_sizes(a, value());
+    else if (a == "--tiles") tiles = split_sizes(a, value());
+    else if (a == "--hidden") hidden = split_sizes(a, value());
     else if (a == "--setenv-coretype") setenv("OPENBLAS_CORETYPE", value().c_str(), 1);
     else {
       std::fprintf(stderr, "unknown argument %s (see the comment at the top of %s)\n", a.c_str(),
@@ -313,20 +354,12 @@ int main(int argc, char** argv) {
   std::printf("%-7s %5s %5s %5s  %-5s %-9s %10s %10s\n", "kind", "rows", "tile", "H", "dtype",
               "engine", "wall_GF/s", "cpu_GF/s");
   for (const std::string& kn : kind_names) {
-    Kind kind = kn == "logits" ? Kind::logits : kn == "grad_x" ? Kind::grad_x : Kind::grad_W;
-    if (kn != kind_name(kind)) {
-      std::fprintf(stderr, "unknown kind %s\n", kn.c_str());
-      return 2;
-    }
+    const Kind kind = kn == "logits" ? Kind::logits : kn == "grad_x" ? Kind::grad_x : Kind::grad_W;
     for (int64_t H : hidden)
       for (int64_t R : rows)
         for (int64_t T : tiles)
           for (const std::string& dn : dtype_names) {
-            if (dn != "f32" && dn != "bf16") {
-              std::fprintf(stderr, "unknown dtype %s (f32 or bf16)\n", dn.c_str());
-              return 2;
-            }
-            Dtype dtype = dn == "bf16" ? Dtype::bf16 : Dtype::f32;
+            const Dtype dtype = dn == "bf16" ? Dtype::bf16 : Dtype::f32;
             bool any = false;
             // gemm_tn runs grad_W only.
             auto runs = [&](const GemmEngine* e) {
