@@ -30,6 +30,7 @@ namespace {
 
 using flce::Dtype;
 using flce::Pass;
+using flce::cli::median;
 
 // iterations: timed passes per benchmark. S3's take 0.2-1.3 s on 2 cores,
 // short enough that one pause of a shared 2-vCPU machine moves a whole row,
@@ -64,11 +65,6 @@ flce::cli::BenchProblem& problem_for(const Shape& s, Dtype dtype) {
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 // Each iteration times the pass, then the shape's GEMM once (outside the

@@ -61,23 +61,8 @@ struct Timing {
   double median = 0, min = 0;
 };
 
-Timing timing_of(std::vector<double> seconds) {  // at least one
-  std::sort(seconds.begin(), seconds.end());
-  return {seconds[seconds.size() / 2], seconds.front()};
-}
-
-// Median and minimum of `reps` timed calls after an optional warm-up (first
-// touch of buffers, GEMM primitive creation).
-template <typename F>
-Timing time_reps(int reps, bool warmup, F&& f) {
-  if (warmup) f();
-  std::vector<double> t;
-  for (int r = 0; r < reps; ++r) {
-    const double t0 = now();
-    f();
-    t.push_back(now() - t0);
-  }
-  return timing_of(std::move(t));
+Timing timing_of(const std::vector<double>& seconds) {  // at least one
+  return {median(seconds), *std::min_element(seconds.begin(), seconds.end())};
 }
 
 // The reference GEMM's seconds, one timing after each of the pass's reps, so
@@ -109,15 +94,19 @@ struct Setup {
 };
 
 // The host bytes of the problem's arrays (BenchProblem: x and W in the
-// storage dtype, grad_x and grad_W in the gradients', labels and lse, and
-// the peaky data's CDF over V), or -1 when that overflows 64 bits.
+// storage dtype, grad_x and grad_W in the gradients' for bwd and step,
+// labels and lse, and the peaky data's CDF over V) and of the reference
+// GEMM's output blocks (one per thread), or -1 when that overflows 64 bits.
 int64_t problem_bytes(const Setup& s) {
-  const int64_t per_value = int64_t(dtype_size(s.dtype) + dtype_size(s.grad_dtype));
+  const int64_t per_value =
+      int64_t(dtype_size(s.dtype) + (s.pass == 0 ? 0 : dtype_size(s.grad_dtype)));
+  const LogitsGemmBlocks b = logits_gemm_blocks(s.n, s.v, s.threads);
+  const int64_t gemm = int64_t(s.threads) * b.rows * b.cols * 4;  // <= 4096 x 32 MiB
   int64_t nh = 0, vh = 0, values = 0, bytes = 0;
   if (__builtin_mul_overflow(s.n, s.h, &nh) || __builtin_mul_overflow(s.v, s.h, &vh) ||
       __builtin_add_overflow(nh, vh, &values) ||
       __builtin_mul_overflow(values, per_value, &bytes) ||
-      __builtin_add_overflow(bytes, 12 * s.n + 8 * s.v, &bytes))  // n, v <= 2^40
+      __builtin_add_overflow(bytes, 12 * s.n + 8 * s.v + gemm, &bytes))  // n, v <= 2^40
     return -1;
   return bytes;
 }
@@ -130,11 +119,12 @@ void check_problem_fits(const Setup& s) {
   if (bytes >= 0 && (physical <= 0 || bytes <= physical)) return;
   char need[64] = "more than 2^63 bytes";
   if (bytes >= 0) std::snprintf(need, sizeof need, "%.1f GiB", double(bytes) / double(1 << 30));
-  char msg[256];
+  char msg[320];
   std::snprintf(msg, sizeof msg,
-                "--n %lld --h %lld --v %lld: the problem's arrays (x, W and their gradients) need "
-                "%s of host memory; this machine has %.1f GiB",
-                (long long)s.n, (long long)s.h, (long long)s.v, need,
+                "--n %lld --h %lld --v %lld --threads %d: the problem's arrays (x, W and their "
+                "gradients) and the reference GEMM's output blocks (one per thread) need %s of "
+                "host memory; this machine has %.1f GiB",
+                (long long)s.n, (long long)s.h, (long long)s.v, s.threads, need,
                 double(physical) / double(1 << 30));
   throw Failure{msg};
 }
@@ -220,7 +210,7 @@ Timing time_pass(const Setup& s, Run&& run, PeakMemory& peak, long* peak_extra, 
     if (rep == 0) *peak_extra = peak.extra_bytes();
     gemm.after_rep();
   }
-  return timing_of(std::move(t));
+  return timing_of(t);
 }
 
 template <typename Run>
@@ -243,8 +233,8 @@ FilterReport compare_with_unfiltered(const Setup& s, const Problem& filtered, Ru
     if (rep == 0) r.peak_extra = peak.extra_bytes();
     gemm.after_rep();
   }
-  *t = timing_of(std::move(with));
-  r.unfiltered = timing_of(std::move(without));
+  *t = timing_of(with);
+  r.unfiltered = timing_of(without);
   const std::vector<double> gx = values_of(filtered.grad_x), gw = values_of(filtered.grad_w);
   run(unfiltered);
   r.rel_diff_grad_x = relative_difference(gx, values_of(unfiltered.grad_x));
@@ -267,6 +257,7 @@ void print_result(const Setup& s, const Timing& t, double gemm_seconds, long pea
     std::snprintf(gemm_json, sizeof gemm_json, "\"gemm_seconds\": %.6g, \"ratio_to_gemm\": %.4g",
                   gemm_seconds * gemms, t.median / (gemm_seconds * gemms));
   const std::string gemm_name = gemm ? std::string("\"") + gemm + "\"" : "null";
+  const std::string isa_name = isa ? std::string("\"") + isa + "\"" : "null";
   char eps[48], compared[256] = "";
   std::snprintf(eps, sizeof eps, s.options.filter_eps == kFilterEpsAuto ? "\"auto\"" : "%g",
                 s.options.filter_eps);
@@ -285,7 +276,7 @@ void print_result(const Setup& s, const Timing& t, double gemm_seconds, long pea
       "\"peak_extra_bytes\": %ld, \"peak_rss_bytes\": %ld, \"workspace_bytes\": %zu, "
       "\"grad_blocks\": %lld, "
       "\"grad_blocks_skipped\": %lld, \"skipped_fraction\": %.4g, %s\"backend\": \"%s\", "
-      "\"gemm\": %s, \"isa\": \"%s\", \"threads\": %d}\n",
+      "\"gemm\": %s, \"isa\": %s, \"threads\": %d}\n",
       (long long)s.n, (long long)s.h, (long long)s.v, dtype_name(s.dtype),
       s.pass == 0 ? "fwd" : s.pass == 1 ? "bwd" : "step", s.options.softcap,
       s.options.grad_logits_dtype == GradLogitsDtype::f32 ? "f32" : "storage",
@@ -294,12 +285,13 @@ void print_result(const Setup& s, const Timing& t, double gemm_seconds, long pea
       process_peak_rss_bytes(), workspace,
       (long long)r.grad_blocks, (long long)r.grad_blocks_skipped,
       r.grad_blocks > 0 ? double(r.grad_blocks_skipped) / double(r.grad_blocks) : 0.0, compared,
-      st.backend.c_str(), gemm_name.c_str(), isa, s.threads);
+      st.backend.c_str(), gemm_name.c_str(), isa_name.c_str(), s.threads);
 }
 
 // --backend cuda: the problem copied to GPU 0 once, each call timed to a
-// device synchronize, against cuBLAS' logits GEMM of the same shape and
-// dtype. peak_extra_bytes is the device workspace the call allocates.
+// device synchronize, and after each, cuBLAS' logits GEMM of the same shape
+// and dtype (GemmTimes). peak_extra_bytes is the device workspace the call
+// allocates.
 int run_bench_on_device(const Setup& s, Pass pass, BenchProblem& bp) {
   if (pass == Pass::backward) {  // backward reads the lse a forward wrote
     const Status fs = call_on_host_arrays(bp.problem(Pass::forward), Pass::forward, s.config);
@@ -311,14 +303,20 @@ int run_bench_on_device(const Setup& s, Pass pass, BenchProblem& bp) {
   size_t workspace = 0;
   Status st = workspace_size(p, pass, s.config, &workspace);
   if (!st.ok()) throw Failure{st.error};
-  const Timing t = time_reps(s.reps, s.warmup, [&] {
+  GemmTimes gemm;
+  gemm.time_once = [&] {
+    double seconds = 0;
+    check(cuda::time_logits_gemm(p, &seconds));
+    return seconds;
+  };
+  PeakMemory unused;  // the host's: the device workspace is reported instead
+  long unused_peak = 0;
+  const Timing t = time_pass(s, [&] {
     st = call_pass(p, pass, s.config);
     if (!st.ok()) throw Failure{st.error};
     check(cuda::synchronize());
-  });
-  double gemm = 0;
-  check(cuda::time_logits_gemm(p, s.reps, &gemm));
-  print_result(s, t, gemm, long(workspace), workspace, st, "cublas", "cuda");
+  }, unused, &unused_peak, gemm);
+  print_result(s, t, gemm.timing().median, long(workspace), workspace, st, "cublas", "cuda");
   return 0;
 }
 
@@ -335,14 +333,15 @@ int run_bench(const Args& args) {
   size_t workspace = 0;
   Status st = workspace_size(p, pass, s.config, &workspace);
   if (!st.ok()) throw Failure{st.error};
-  auto run = [&](const Problem& q) {
-    st = call_pass(q, pass, s.config);
-    if (!st.ok()) throw Failure{st.error};
-  };
   const cpu::GemmEngine* engine = bench_engine(s.dtype, s.config.gemm);
   const bool native = engine->supports(s.dtype);
   GemmTimes gemm;
   if (native) gemm.time_once = [&] { return logits_gemm_seconds(*engine, bp, s.threads); };
+  auto run = [&](const Problem& q) {
+    st = call_pass(q, pass, s.config);
+    if (!st.ok()) throw Failure{st.error};
+    if (st.backend != "cpu") gemm.time_once = nullptr;  // the only backend that runs the engine
+  };
   PeakMemory peak;
   Timing t;
   FilterReport filter;
@@ -356,7 +355,8 @@ int run_bench(const Args& args) {
   const Timing g = gemm.timing();
   const bool cpu_ran = st.backend == "cpu";  // the only backend that runs the engine
   print_result(s, t, native && cpu_ran ? g.median : 0.0, peak_extra, workspace, st,
-               cpu_ran ? engine->name() : nullptr, simd::best_kernels().isa, filter);
+               cpu_ran ? engine->name() : nullptr, cpu_ran ? simd::best_kernels().isa : nullptr,
+               filter);
   return 0;
 }
 
@@ -385,7 +385,8 @@ int bench_command(int argc, char** argv, int first) {
     std::fprintf(stderr, "flce bench: error: %s\n", explain_api_error(f.message, args).c_str());
     return 2;
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "flce bench: error: out of host memory for the problem's arrays\n");
+    std::fprintf(stderr, "flce bench: error: out of host memory (the problem's arrays, the "
+                 "backend's workspace or the reference GEMM's output blocks)\n");
     return 2;
   }
 }

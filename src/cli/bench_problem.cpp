@@ -71,8 +71,6 @@ BenchProblem::BenchProblem(int64_t n_, int64_t h_, int64_t v_, Dtype dtype_, Opt
     for (int64_t& y : labels_) y = zipf(rng);
   }
   lse_.resize(size_t(n));
-  grad_x_.resize(size_t(n * h) * dtype_size(grad_dtype));
-  grad_w_.resize(size_t(v * h) * dtype_size(grad_dtype));
 }
 
 const void* BenchProblem::x() const {
@@ -91,10 +89,20 @@ Problem BenchProblem::problem(Pass pass) {
   p.lse = vector_view(lse_.data(), Dtype::f32, n);
   if (pass != Pass::backward) p.loss = scalar_view(&loss_, Dtype::f32);
   if (pass != Pass::forward) {
+    if (grad_x_.empty()) {
+      grad_x_.resize(size_t(n * h) * dtype_size(grad_dtype));
+      grad_w_.resize(size_t(v * h) * dtype_size(grad_dtype));
+    }
     p.grad_x = matrix_view(grad_x_.data(), grad_dtype, n, h);
     p.grad_w = matrix_view(grad_w_.data(), grad_dtype, v, h);
   }
   return p;
+}
+
+double median(std::vector<double> seconds) {
+  std::sort(seconds.begin(), seconds.end());
+  const size_t mid = seconds.size() / 2;
+  return seconds.size() % 2 ? seconds[mid] : (seconds[mid - 1] + seconds[mid]) / 2;
 }
 
 Status call_pass(const Problem& p, Pass pass, const RunConfig& config) {
@@ -103,20 +111,32 @@ Status call_pass(const Problem& p, Pass pass, const RunConfig& config) {
                                   : loss_and_grad(p, config);
 }
 
+LogitsGemmBlocks logits_gemm_blocks(int64_t n, int64_t v, int threads) {
+  LogitsGemmBlocks b;
+  b.row_blocks = (n + 4095) / 4096;
+  b.rows = (n + b.row_blocks - 1) / b.row_blocks;
+  const int64_t t = std::max(threads, 1);
+  const int64_t per_thread = ((v + 2047) / 2048 + t - 1) / t;
+  b.col_blocks = std::min(t * per_thread, (v + 63) / 64);  // at least 64 classes a block
+  b.cols = (v + b.col_blocks - 1) / b.col_blocks;
+  b.col_blocks = (v + b.cols - 1) / b.cols;
+  return b;
+}
+
 double logits_gemm_seconds(const cpu::GemmEngine& engine, const BenchProblem& p, int threads) {
-  const int64_t rows = 4096, cols = 2048;
-  const int64_t row_blocks = (p.n + rows - 1) / rows, col_blocks = (p.v + cols - 1) / cols;
-  std::vector<float> out(size_t(threads) * size_t(std::min(rows, p.n)) * size_t(cols));
+  const LogitsGemmBlocks b = logits_gemm_blocks(p.n, p.v, threads);
+  std::vector<float> out(size_t(threads) * size_t(b.rows) * size_t(b.cols));
   const size_t elt = dtype_size(p.dtype);
   const auto t0 = std::chrono::steady_clock::now();
-  cpu::parallel_for(threads, 0, row_blocks * col_blocks, [&](int64_t b) {
-    const int64_t i0 = (b / col_blocks) * rows, j0 = (b % col_blocks) * cols;
+  cpu::parallel_for(threads, 0, b.row_blocks * b.col_blocks, [&](int64_t k) {
+    const int64_t i0 = (k / b.col_blocks) * b.rows, j0 = (k % b.col_blocks) * b.cols;
     cpu::GemmArgs g{};
-    g.m = std::min(rows, p.n - i0), g.n = std::min(cols, p.v - j0), g.k = p.h;
+    g.m = std::min(b.rows, p.n - i0), g.n = std::min(b.cols, p.v - j0), g.k = p.h;
     g.ab_dtype = p.dtype;
     g.a = static_cast<const char*>(p.x()) + size_t(i0 * p.h) * elt, g.lda = p.h;
     g.b = static_cast<const char*>(p.w()) + size_t(j0 * p.h) * elt, g.ldb = p.h, g.trans_b = true;
-    g.c = out.data() + size_t(omp_get_thread_num()) * size_t(std::min(rows, p.n)) * cols, g.ldc = cols;
+    g.c = out.data() + size_t(omp_get_thread_num()) * size_t(b.rows) * size_t(b.cols);
+    g.ldc = b.cols;
     engine.run(g);
   });
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -32,8 +32,9 @@ class BenchProblem {
                BenchData data, Dtype grad_dtype);
 
   // The problem of `pass`: loss and lse for forward, gradients for backward
-  // and step.
-  // Backward reads the lse a forward run wrote: call forward first.
+  // and step (allocated by the first such call: a forward-only benchmark
+  // holds none). Backward reads the lse a forward run wrote: call forward
+  // first.
   Problem problem(Pass pass);
 
   int64_t n, h, v;
@@ -51,11 +52,27 @@ class BenchProblem {
   std::vector<char> grad_x_, grad_w_;
 };
 
+// How logits_gemm_seconds cuts U[N, V]: row_blocks x col_blocks blocks of
+// rows x cols (at most 4096 x 2048; the last row and column of blocks a
+// little smaller), col_blocks a multiple of the thread count unless blocks
+// would be narrower than 64 classes, so that the static schedule gives each
+// thread the same share. Blocks of exactly 4096 x 2048 gave one of two
+// threads 13 of S1's 25 (4096 x 768 x 50257): 6% more than half, so the
+// reference was slow and the ratios to it low.
+struct LogitsGemmBlocks {
+  int64_t rows = 0, cols = 0, row_blocks = 0, col_blocks = 0;
+};
+LogitsGemmBlocks logits_gemm_blocks(int64_t n, int64_t v, int threads);
+
 // Seconds for U[N, V] = X W^T with `engine` (which must support `dtype`),
-// in blocks of 4096 rows x 2048 classes over `threads` OpenMP threads, one
-// single-threaded engine call per block into a 32 MiB buffer per thread:
-// the fastest way the cpu backend could run it, in bounded memory.
+// in the blocks above over `threads` OpenMP threads, one single-threaded
+// engine call per block into a buffer of at most 32 MiB per thread: the
+// fastest way the cpu backend could run it, in bounded memory.
 double logits_gemm_seconds(const cpu::GemmEngine& engine, const BenchProblem& p, int threads);
+
+// The median of timings (at least one): the mean of the middle two of an
+// even count.
+double median(std::vector<double> seconds);
 
 // forward, backward or loss_and_grad, by `pass`.
 Status call_pass(const Problem& p, Pass pass, const RunConfig& config);

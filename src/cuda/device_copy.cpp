@@ -38,36 +38,43 @@ std::string synchronize() {
   return e == cudaSuccess ? "" : std::string("cuda: ") + cudaGetErrorString(e);
 }
 
-std::string time_logits_gemm(const Problem& p, int reps, double* seconds) {
+std::string time_logits_gemm(const Problem& p, double* seconds) {
   const int64_t n = p.x.shape[0], h = p.x.shape[1];
   const bool vh = p.w_layout == WeightLayout::vh;
   const int64_t v = vh ? p.w.shape[0] : p.w.shape[1];
+  const size_t row_bytes = size_t(v) * dtype_size(p.x.dtype);
   void* out = nullptr;
-  const size_t bytes = size_t(n * v) * dtype_size(p.x.dtype);
-  if (cudaError_t e = cudaMalloc(&out, bytes); e != cudaSuccess) {
+  int64_t rows = n;  // halved until the output buffer fits
+  cudaError_t e = cudaMalloc(&out, size_t(rows) * row_bytes);
+  while (e == cudaErrorMemoryAllocation && rows > 1) {
     cudaGetLastError();
-    return "the GEMM's [N, V] output (" + std::to_string(bytes) + " bytes): " + cudaGetErrorString(e);
+    rows = (rows + 1) / 2;
+    e = cudaMalloc(&out, size_t(rows) * row_bytes);
   }
-  Gemm g;
-  g.m = n, g.n = v, g.k = h;
-  g.a = p.x.data, g.lda = p.x.stride[0];
-  g.b = p.w.data, g.ldb = p.w.stride[0], g.trans_b = vh;
-  g.c = out, g.ldc = v;
-  g.ab = p.x.dtype, g.c_dtype = p.x.dtype;
-  std::vector<double> times;
-  std::string error = run_gemm(g, nullptr);
-  if (error.empty()) error = synchronize();
-  for (int r = 0; r < reps && error.empty(); ++r) {
-    const auto start = std::chrono::steady_clock::now();
-    error = run_gemm(g, nullptr);
-    if (error.empty()) error = synchronize();
-    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return "the GEMM's output (" + std::to_string(rows) + " rows of " + std::to_string(row_bytes) +
+           " bytes): " + cudaGetErrorString(e);
   }
+  auto run_all = [&]() -> std::string {
+    for (int64_t i0 = 0; i0 < n; i0 += rows) {
+      Gemm g;
+      g.m = std::min(rows, n - i0), g.n = v, g.k = h;
+      g.a = static_cast<const char*>(p.x.data) + size_t(i0 * p.x.stride[0]) * dtype_size(p.x.dtype);
+      g.lda = p.x.stride[0];
+      g.b = p.w.data, g.ldb = p.w.stride[0], g.trans_b = vh;
+      g.c = out, g.ldc = v;
+      g.ab = p.x.dtype, g.c_dtype = p.x.dtype;
+      if (auto error = run_gemm(g, nullptr); !error.empty()) return error;
+    }
+    return synchronize();
+  };
+  std::string error = run_all();
+  const auto start = std::chrono::steady_clock::now();
+  if (error.empty()) error = run_all();
+  *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   cudaFree(out);
-  if (!error.empty()) return error;
-  std::sort(times.begin(), times.end());
-  *seconds = times[times.size() / 2];
-  return "";
+  return error;
 }
 
 DeviceProblem::~DeviceProblem() {
@@ -147,7 +154,7 @@ std::string DeviceProblem::download(const Problem& host) const {
 
 bool built_with_cuda() { return false; }
 std::string synchronize() { return "flce was built without CUDA"; }
-std::string time_logits_gemm(const Problem&, int, double*) { return "flce was built without CUDA"; }
+std::string time_logits_gemm(const Problem&, double*) { return "flce was built without CUDA"; }
 DeviceProblem::~DeviceProblem() = default;
 std::string DeviceProblem::upload(const Problem&, int) {
   return "flce was built without CUDA (FLCE_CUDA=OFF, or CMake found no CUDA toolkit)";

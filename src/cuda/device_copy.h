@@ -19,10 +19,12 @@ bool built_with_cuda();
 // Waits for all work on the current device; "" or the error.
 std::string synchronize();
 
-// The median seconds of `reps` timed runs (after one warm-up) of the logits
-// GEMM U = X W^T of `device_problem` (x, w on the device), output in x's
-// dtype (f32 for f32): the GEMM a step cannot avoid. "" or the error.
-std::string time_logits_gemm(const Problem& device_problem, int reps, double* seconds);
+// The seconds of one timed run (after an untimed one) of the logits GEMM
+// U = X W^T of `device_problem` (x, w on the device), output in x's dtype
+// (f32 for f32): the GEMM a step cannot avoid. One cuBLAS call into an
+// [N, V] buffer, or, where the device cannot hold that, one call per block
+// of rows into a buffer of as many rows as it can. "" or the error.
+std::string time_logits_gemm(const Problem& device_problem, double* seconds);
 
 class DeviceProblem {
  public:
