@@ -339,6 +339,10 @@ def _problem():
     (lambda x, w, y: (x.astype(np.complex64), w, y), TypeError, r"^x: numpy dtype complex64"),
     (lambda x, w, y: (x[None], w, y), ValueError, r"^x: flce takes 0-D, 1-D or 2-D tensors; got 3"),
     (lambda x, w, y: (x, None, y), ValueError, r"^w: missing"),
+    # Empty inputs: the size check, not an error about the empty gradients'
+    # strides (numpy gives an empty array zero strides).
+    (lambda x, w, y: (x[:0], w, y[:0]), ValueError, r"^x: size 0 in dimension 0"),
+    (lambda x, w, y: (x[:, :0], w[:, :0], y), ValueError, r"^x: size 0 in dimension 1"),
 ])
 def test_bad_inputs_raise_the_library_message(change, error, message):
     x, w, y = change(*_problem())
