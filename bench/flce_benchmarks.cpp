@@ -5,7 +5,8 @@
 //   S3 small hidden      N = 8192, H = 128,  V = 32768
 //   S4 Gemma-2-2B head   N = 1024, H = 2304, V = 256000, softcap 30
 // Benchmarks are named flce/<shape>/<dtype>/<pass>/threads:<T> and
-// gemm/<shape>/<dtype>/threads:<T>. Counters: items_per_second (tokens/s),
+// gemm/<shape>/<dtype>/threads:<T>, each followed by
+// /iterations:<I>/manual_time. Counters: items_per_second (tokens/s),
 // FLOPS (2NHV for fwd, 6NHV for bwd and step), peak_extra_bytes (resident
 // memory the timed calls added, cli::PeakMemory), workspace_bytes (the
 // backend's scratch), median_seconds (the median pass; Google Benchmark's
