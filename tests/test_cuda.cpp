@@ -859,6 +859,31 @@ TEST_F(CudaGpu, FusedStatesAgreeWithTheOracle) {
   }
 }
 
+// The fused kernels at shapes smaller than their boxes: one row, one class,
+// H = 8 (one 16-byte row of x; the TMA zero-fills the rest of each box),
+// and rows and classes one past or short of a block or subtile, with the
+// default tiles and every option the epilogues branch on.
+TEST_F(CudaGpu, FusedTinyShapesAgreeWithTheOracle) {
+  SKIP_WITHOUT_FUSED();
+  unsetenv("FLCE_CUDA_TILE");
+  struct Shape { int64_t n, h, v; };
+  uint64_t seed = 60;
+  for (Shape s : {Shape{1, 8, 1}, Shape{1, 8, 300}, Shape{7, 16, 255}, Shape{129, 72, 257}}) {
+    SCOPED_TRACE(std::to_string(s.n) + " x " + std::to_string(s.h) + " x " + std::to_string(s.v));
+#ifdef FLCE_HAVE_CUDA
+    alignas(16) static float none[4] = {};
+    flce::Problem shapes = step_shapes(s.n, s.h, s.v);
+    shapes.x.data = shapes.w.data = none;
+    EXPECT_TRUE(flce::cuda::make_plan(shapes, Pass::loss_and_grad).fused);
+#endif
+    check_all_passes(head(s.n, s.h, s.v, ++seed).stored_as(Dtype::bf16));
+    check_all_passes(head(s.n, s.h, s.v, ++seed).stored_as(Dtype::bf16).with_bias().softcap(4)
+                         .label_smoothing(0.1).with_class_weights().z_loss(1e-3)
+                         .with_grad_lse().with_grad_entropy()
+                         .grad_logits(GradLogitsDtype::storage));
+  }
+}
+
 // With no argmax output, the fused pass 1 shifts every exponent by the
 // softcap k itself where k <= 40 (epilogues.cuh, kFixedShiftMaxK), by the
 // running max above: both, on the polynomial's path (every |z| <= 0.6 k) and
