@@ -30,9 +30,11 @@
 //                  max, sum_exp and first_nan are the same bits either way.
 //  dlogits         p = exp(s - lse);
 //                  d = coef_p p + coef_c c - coef_h (p == 0 ? 0 : p (s - sbar));
-//                  g = a (1 - (s/k)^2) d if k > 0, else a d. A term whose coefficient
-//                  is 0 is left out (coef_h == 0: no entropy term even where
-//                  p (s - sbar) would be inf or NaN).
+//                  g = a (1 - (s/k)^2) d if k > 0, else a d. The entropy term
+//                  is left out where coef_h == 0 (none even where p (s - sbar)
+//                  would be inf or NaN); the p term is formed whatever coef_p
+//                  is, so 0 * inf = NaN where p overflows (s > lse + 88.7: a
+//                  saved lse too low), as the oracle's g_lse p_ij.
 //  gemm_tn         C = (accumulate ? C : 0) + A^T B, each element summed in
 //                  order of k by fused multiply-adds from C (or 0), so its bits
 //                  do not depend on m, n or where the caller splits them.
@@ -41,6 +43,9 @@
 //                  pairs (rows 2p, 2p + 1; an odd k's last row with 0), each pair
 //                  added to C (or 0) in order of k by one vdpbf16ps step, so its
 //                  bits do not depend on m, n or where the caller splits them.
+//                  vdpbf16ps reads subnormal operands as 0 and also flushes a
+//                  subnormal C it adds to, and a subnormal sum, to 0, whatever
+//                  MXCSR says (C = 1e-40 plus 1e-20 * 1e-20 gives 0).
 //                  AVX-512 with AVX512-BF16 only (bf16_gemm_tn__avx512bf16.cpp).
 //  pack_scores     d = f16(max(ref - s, -65504)): the f32 difference rounded
 //                  to f16, nearest even; a finite difference below -65504 is

@@ -99,7 +99,8 @@ struct KernelSet {
                        float* scratch);
   // The 16-bit store of a bf16 training step's scores (cpu::Plan::
   // packed_scores): d[i] = the f16 bits of ref - s[i] (nearest even; a
-  // finite difference clamped to +-65504, an infinite or NaN one kept), and
+  // finite difference below -65504 raised to it, one of 65520 or more
+  // turned to +inf, read back as -inf; an infinite or NaN one kept), and
   // back, s[i] = ref - d[i]. With ref a finite max over s (or 0, when no
   // finite max exists) that is s within u_f16 (ref - s[i]) plus the f32
   // roundings. Null where the set has none: the scores stay f32 then.
