@@ -626,6 +626,21 @@ TEST(ReferenceEdge, NegativeInfinityLogitsAreMaskedClasses) {
   check(d, c.storage(), Pass::loss_and_grad);
 }
 
+TEST(ReferenceEdge, TheSoftcapSlopeKeepsItsDigitsNearSaturation) {
+  // ds/dz = 1 - tanh(z/k)^2: formed from s as 1 - (s/k)^2 it cancels, 6e-4
+  // relative at z/k = 15 (tanh(15) is within 2e-13 of 1). One row, logits
+  // {15, 0}, k = 1, label 1: G_0 = p_0 sech^2(15), here in long double.
+  const Case c = Case::logits(1, 2).softcap(1);
+  DenseProblem d = c.problem();
+  d.logits = {15, 0};
+  d.labels = {1};
+  const Outputs out = run(d, c.storage(), Pass::loss_and_grad);
+  ASSERT_TRUE(out.status.ok()) << out.status.error;
+  const long double s0 = tanhl(15.0L), p0 = expl(s0) / (expl(s0) + 1);
+  const long double g0 = p0 / (coshl(15.0L) * coshl(15.0L));
+  EXPECT_NEAR(out.grad_logits[0] / double(g0), 1.0, 1e-13) << out.grad_logits[0];
+}
+
 TEST(ReferenceEdge, ArgmaxTiesTakeTheLowestIndex) {
   const Case c = Case::logits(3, 6);
   DenseProblem d = c.problem();
