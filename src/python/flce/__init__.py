@@ -335,7 +335,9 @@ _PASSES = {"forward": forward, "backward": backward, "loss_and_grad": loss_and_g
 def workspace_size(pass_, *args, **kwargs):
     """(backend, bytes): the scratch that pass_ ('forward', 'backward',
     'loss_and_grad') would allocate beyond its outputs, for the arguments
-    that call would take."""
+    that call would take. The library checks the outputs too, so the ones
+    not given in `out=` are allocated as the call would (on the inputs'
+    device) and freed before it returns."""
     if pass_ not in _PASSES:
         raise ValueError(f"pass_: {pass_!r} is not one of {', '.join(_PASSES)}")
     bound = inspect.signature(_PASSES[pass_]).bind(*args, **kwargs)
