@@ -16,6 +16,22 @@ if(NOT FLCE_CUDA STREQUAL "OFF")
   endif()
   include(CheckLanguage)
   check_language(CUDA)
+  # The fused Hopper kernels need nvcc 12 or newer (sm_90a): an older one
+  # stops the build under ON and is left out, with the reason, under AUTO.
+  if(CMAKE_CUDA_COMPILER)
+    execute_process(COMMAND ${CMAKE_CUDA_COMPILER} --version OUTPUT_VARIABLE _flce_nvcc_out
+                    ERROR_QUIET RESULT_VARIABLE _flce_nvcc_rc)
+    string(REGEX MATCH "release ([0-9]+)\\.([0-9]+)" _flce_nvcc_release "${_flce_nvcc_out}")
+    if(_flce_nvcc_release AND CMAKE_MATCH_1 LESS 12)
+      set(_flce_cuda_missing "${CMAKE_CUDA_COMPILER} is CUDA ${CMAKE_MATCH_1}.${CMAKE_MATCH_2}, and the cuda backend needs 12.0 or newer for sm_90a")
+      if(FLCE_CUDA STREQUAL "ON")
+        message(FATAL_ERROR "FLCE_CUDA=ON but ${_flce_cuda_missing}")
+      endif()
+      message(STATUS "flce: ${_flce_cuda_missing}: building without it")
+      unset(CMAKE_CUDA_COMPILER)
+      unset(CMAKE_CUDA_COMPILER CACHE)
+    endif()
+  endif()
   if(CMAKE_CUDA_COMPILER)
     if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
       set(CMAKE_CUDA_ARCHITECTURES 80 90)
@@ -74,5 +90,9 @@ if(FLCE_HAVE_CUDA)
 else()
   target_sources(flce PRIVATE ${_flce_cuda_dir}/cuda_unavailable.cpp
                               ${_flce_cuda_dir}/device_copy.cpp)
+  if(DEFINED _flce_cuda_missing)  # why, for the stand-in's message
+    set_source_files_properties(${_flce_cuda_dir}/cuda_unavailable.cpp TARGET_DIRECTORY flce
+      PROPERTIES COMPILE_DEFINITIONS "FLCE_CUDA_MISSING=\"${_flce_cuda_missing}\"")
+  endif()
   message(STATUS "flce cuda backend: not built (FLCE_CUDA=${FLCE_CUDA})")
 endif()

@@ -5,9 +5,14 @@
 namespace flce {
 namespace {
 
+// Why CMake left the backend out; cuda.cmake names an nvcc too old for it.
+#ifndef FLCE_CUDA_MISSING
+#define FLCE_CUDA_MISSING "FLCE_CUDA=OFF, or CMake found no CUDA toolkit"
+#endif
+
 constexpr const char* kWhy =
-    "flce was built without CUDA (FLCE_CUDA=OFF, or CMake found no CUDA toolkit); "
-    "rebuild with the toolkit installed and FLCE_CUDA=AUTO or ON";
+    "flce was built without CUDA (" FLCE_CUDA_MISSING "); rebuild with a CUDA 12 or newer "
+    "toolkit installed and FLCE_CUDA=AUTO or ON";
 
 class CudaUnavailable final : public Backend {
  public:
