@@ -75,8 +75,9 @@ std::string check_tensor(const char* name, const Tensor& t, int ndim, const char
       return format("%s: shape %s is too large to index with 64-bit offsets", name,
                     shape_str(t).c_str());
   }
-  int64_t bytes;
-  if (__builtin_mul_overflow(last + 1, int64_t(dtype_size(t.dtype)), &bytes))
+  int64_t count, bytes;  // elements from the first to the last, then bytes
+  if (__builtin_add_overflow(last, 1, &count) ||
+      __builtin_mul_overflow(count, int64_t(dtype_size(t.dtype)), &bytes))
     return format("%s: shape %s is too large to index with 64-bit offsets", name,
                   shape_str(t).c_str());
   if (t.data == nullptr) return format("%s: data pointer is null", name);
@@ -311,10 +312,30 @@ std::vector<Arg> tensors_of_pass(const Problem& p, Pass pass) {
   return all;
 }
 
+// The same elements at the same addresses: a size-1 dimension's stride,
+// which addresses nothing, may differ (a [1, V] view from torch's expand).
 bool same_view(const Tensor& a, const Tensor& b) {
-  return a.data == b.data && a.dtype == b.dtype && a.ndim == b.ndim &&
-         a.shape[0] == b.shape[0] && a.shape[1] == b.shape[1] && a.stride[0] == b.stride[0] &&
-         a.stride[1] == b.stride[1];
+  if (a.data != b.data || a.dtype != b.dtype || a.ndim != b.ndim) return false;
+  for (int d = 0; d < a.ndim; ++d)
+    if (a.shape[d] != b.shape[d] || (a.shape[d] > 1 && a.stride[d] != b.stride[d])) return false;
+  return true;
+}
+
+// Whether two views address a common byte. Past their byte ranges one case
+// is told exactly: vectors of one stride in bytes (columns of one buffer:
+// lse and logprob side by side in an [N, 2] array), which interleave
+// without sharing a byte when, modulo that stride, each one's elements
+// fall in the other's gaps.
+bool share_memory(const Tensor& a, const Tensor& b) {
+  if (!overlap(bytes_of(a), bytes_of(b))) return false;
+  if (a.ndim != 1 || b.ndim != 1 || a.shape[0] < 2 || b.shape[0] < 2) return true;
+  const int64_t size_a = int64_t(dtype_size(a.dtype)), size_b = int64_t(dtype_size(b.dtype));
+  const int64_t step = a.stride[0] * size_a;
+  if (step != b.stride[0] * size_b) return true;
+  const int64_t apart = int64_t(reinterpret_cast<uintptr_t>(b.data) -
+                                reinterpret_cast<uintptr_t>(a.data));
+  const int64_t phase = (apart % step + step) % step;  // where b's elements sit in a's stride
+  return !(phase >= size_a && phase + size_b <= step);
 }
 
 // Two indices of a 2-D view map to one address unless one dimension's
@@ -341,12 +362,11 @@ std::string check_devices_and_aliasing(const Problem& p, Pass pass) {
                     "may not overlap themselves",
                     outs[i].name, (long long)outs[i].t->stride[0], (long long)outs[i].t->stride[1],
                     shape_str(*outs[i].t).c_str());
-    const ByteRange r = bytes_of(*outs[i].t);
     for (Arg other : all) {
       if (other.t == outs[i].t || !other.t->present()) continue;
       if (outs[i].t == &p.grad_logits && other.t == &p.logits && same_view(p.grad_logits, p.logits))
         continue;  // in place, as Liger and Unsloth do
-      if (overlap(r, bytes_of(*other.t)))
+      if (share_memory(*outs[i].t, *other.t))
         return format("%s: overlaps %s in memory; outputs may not alias inputs or other outputs "
                       "(only grad_logits may be exactly the logits, for in-place use)",
                       outs[i].name, other.name);

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -393,6 +394,11 @@ TEST_F(ValidationSizes, TooLargeToIndexIsRejectedBeforeTouchingData) {
   reject(kForward, p, {"x", "9223372036854775807", "too large"});
   p.x = mat(fake, Dtype::f32, kMax, 1);
   reject(kForward, p, {"x", "9223372036854775807", "too large"});
+  // Two elements INT64_MAX apart: the last offset fits, one past it does not
+  // (signed overflow, which UBSan reports, before the checked add).
+  p = fwd();
+  p.lse.stride[0] = kMax;
+  reject(kForward, p, {"lse", "too large"});
   // W alone.
   p = fwd();
   p.w = mat(fake, Dtype::f32, kMax / 2, H);
@@ -556,6 +562,38 @@ TEST_F(ValidationAliasing, OutputOverlapsOutput) {
   EXPECT_NE(e.find("grad_bias"), std::string::npos) << e;
 }
 
+TEST_F(ValidationAliasing, InterleavedOutputsThatShareNoByteAreAccepted) {
+  // lse, logprob and (int32) argmax as the columns of one [N, 3] buffer of
+  // 8-byte cells: their byte ranges overlap, their elements do not (the
+  // check refused them as overlapping). Values as from separate arrays.
+  Problem p = fwd();
+  accept(kForward, p);
+  const std::vector<double> lse_alone = lse, logprob_alone = logprob;
+  const std::vector<int64_t> argmax_alone = argmax;
+  std::vector<double> cells(size_t(3 * N), kSentinel);
+  p.lse = vec(cells.data(), Dtype::f64, N);
+  p.logprob = vec(cells.data() + 1, Dtype::f64, N);
+  p.argmax = vec(cells.data() + 2, Dtype::i32, N);
+  p.lse.stride[0] = p.logprob.stride[0] = 3;
+  p.argmax.stride[0] = 6;  // 4-byte elements, 24 bytes apart
+  accept(kForward, p);
+  for (int64_t i = 0; i < N; ++i) {
+    EXPECT_EQ(cells[size_t(3 * i)], lse_alone[size_t(i)]) << i;
+    EXPECT_EQ(cells[size_t(3 * i + 1)], logprob_alone[size_t(i)]) << i;
+    int32_t got = 0;
+    std::memcpy(&got, &cells[size_t(3 * i + 2)], 4);
+    EXPECT_EQ(got, argmax_alone[size_t(i)]) << i;
+  }
+  // Half an element apart: they share bytes.
+  p.logprob = vec(reinterpret_cast<char*>(cells.data()) + 4, Dtype::f64, N);
+  p.logprob.stride[0] = 3;
+  reject(kForward, p, {"logprob", "overlaps lse"});
+  // Another stride: told by byte ranges, as before.
+  p.logprob = vec(cells.data() + 1, Dtype::f64, N);
+  p.logprob.stride[0] = 4;
+  reject(kForward, p, {"logprob: overlaps "});
+}
+
 TEST_F(ValidationAliasing, OutputOverlapsItself) {
   // A writable view whose elements share memory ([N, H] with strides {1, 1}
   // puts (0, 1) and (1, 0) at the same address): which write wins is
@@ -579,6 +617,17 @@ TEST_F(ValidationAliasing, GradLogitsInPlace) {
   p.grad_logits = p.logits;
   accept(kTrain, p);
   for (int64_t i = 0; i < N * V; ++i) EXPECT_DOUBLE_EQ(z[size_t(i)], expected[size_t(i)]) << i;
+  // One row: the size-1 dimension's stride addresses nothing and may differ
+  // between the two views (it was refused as an overlap).
+  Problem one = logits_train();
+  one.options.reduction = Reduction::sum;
+  one.logits = mat(z.data(), Dtype::f64, 1, V);
+  one.labels.shape[0] = one.token_weights.shape[0] = one.lse.shape[0] = 1;
+  one.loss = flce::scalar_view(loss.data(), Dtype::f64);
+  one.logprob = one.argmax = one.entropy = one.zloss = Tensor{};
+  one.grad_logits = one.logits;
+  one.grad_logits.stride[0] = 0;
+  accept(kTrain, one);
 }
 
 TEST_F(ValidationAliasing, GradLogitsOverlappingLogitsOtherwise) {
