@@ -44,6 +44,7 @@ std::string plan_call(const Problem& problem, Pass pass, const RunConfig& config
                       const Backend** backend, size_t* need) {
   try {
     if (auto e = choose_backend(problem, pass, config, backend); !e.empty()) return e;
+    if (auto e = (*backend)->config_error(problem, pass, config); !e.empty()) return e;
     *need = (*backend)->workspace_bytes(problem, pass, config);
   } catch (const std::exception& e) {
     return std::string("planning the call: ") + e.what();

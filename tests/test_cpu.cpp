@@ -145,6 +145,19 @@ TEST(CpuBasics, UnknownGemmEngineIsAnError) {
   const Outputs out = run_library(c.problem(), c.storage(), rq);
   EXPECT_FALSE(out.status.ok());
   EXPECT_NE(out.status.error.find("nope"), std::string::npos) << out.status.error;
+  // workspace_size() says so too (it reported the default engine's bytes).
+  float x[12] = {}, w[20] = {}, loss = 0, lse[3] = {};
+  int64_t y[3] = {0, 1, 2};
+  flce::Problem p;
+  p.x = flce::matrix_view(x, Dtype::f32, 3, 4);
+  p.w = flce::matrix_view(w, Dtype::f32, 5, 4);
+  p.labels = flce::vector_view(y, Dtype::i64, 3);
+  p.loss = flce::scalar_view(&loss, Dtype::f32);
+  p.lse = flce::vector_view(lse, Dtype::f32, 3);
+  size_t bytes = 0;
+  const flce::Status sized = flce::workspace_size(p, Pass::forward, rq.config, &bytes);
+  EXPECT_FALSE(sized.ok());
+  EXPECT_EQ(sized.error, out.status.error);
 }
 
 TEST(CpuOptions, EachAlone) {
@@ -706,7 +719,7 @@ TEST_F(CpuVocabOuter, MalformedOrderIsAnErrorNamingIt) {
   EXPECT_FALSE(out.status.ok());
   EXPECT_NE(out.status.error.find("FLCE_CPU_GRAD_ORDER = 'vocab:0x2'"), std::string::npos) << out.status.error;
   // The workspace query plans as if it were unset (a negative chunk wrapped
-  // the sizes around before; run() is where the value is refused).
+  // the sizes around before; config_error() is where it is refused).
   const flce::Problem p = step_shapes(4096, 64, 999);
   setenv("FLCE_CPU_GRAD_ORDER", "vocab:5x-1", 1);
   const size_t malformed = flce::cpu::workspace_bytes(flce::cpu::make_plan(p, Pass::backward, cpu(2)), p);

@@ -32,6 +32,16 @@ class Backend {
   // Called only with validated problems.
   virtual Support supports(const Problem& problem, Pass pass,
                            const RunConfig& config) const = 0;
+  // "" or why `config` cannot run here although the problem is accepted (a
+  // GEMM engine name the backend does not have, a malformed tuning variable):
+  // an error rather than a decline, which would hand the problem to another
+  // backend unasked; the API asks before workspace_bytes(), so that
+  // workspace_size() reports it as the call would.
+  virtual std::string config_error(const Problem& problem, Pass pass,
+                                   const RunConfig& config) const {
+    (void)problem, (void)pass, (void)config;
+    return "";
+  }
   virtual size_t workspace_bytes(const Problem& problem, Pass pass,
                                  const RunConfig& config) const = 0;
   // Where the workspace lives. For host memory the API allocates it when the

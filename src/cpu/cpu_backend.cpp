@@ -187,7 +187,7 @@ class CpuBackend final : public Backend {
            (bf16 ? bf16->describe() : std::string("none native, converted to f32"));
   }
 
-  // An unknown GEMM engine name is an error at run(), not a reason to
+  // An unknown GEMM engine name is an error (config_error), not a reason to
   // decline: declining would hand the problem to the reference silently.
   Support supports(const Problem& p, Pass, const RunConfig&) const override {
     const Tensor& first = p.logits.present() ? p.logits : p.x;
@@ -208,17 +208,18 @@ class CpuBackend final : public Backend {
     return Support::accept();
   }
 
+  std::string config_error(const Problem& p, Pass, const RunConfig& config) const override {
+    if (auto e = cpu::check_tuning_env(); !e.empty()) return e;
+    const cpu::GemmEngine* engine = nullptr;
+    return cpu::pick_gemm(config, p.logits.present() ? p.logits.dtype : p.x.dtype, &engine);
+  }
+
   size_t workspace_bytes(const Problem& p, Pass pass, const RunConfig& config) const override {
     return cpu::workspace_bytes(cpu::make_plan(p, pass, config), p);
   }
 
   std::string run(const Problem& p, Pass pass, const RunConfig& config, void* workspace,
-                  RunStats* stats) const override {
-    if (auto e = cpu::check_tuning_env(); !e.empty()) return e;
-    const cpu::GemmEngine* engine = nullptr;
-    if (auto e = cpu::pick_gemm(config, p.logits.present() ? p.logits.dtype : p.x.dtype, &engine);
-        !e.empty())
-      return e;
+                  RunStats* stats) const override {  // config_error() was "" (api.cpp)
     const Plan plan = cpu::make_plan(p, pass, config);
     const Workspace ws = cpu::carve_workspace(plan, p, workspace);
     const cpu::Context c = prepare(p, plan, ws, stats);
