@@ -278,6 +278,19 @@ TEST_F(CliCommands, BenchRefusesSizesBeyondTheMachine) {
   }
 }
 
+// --filter-eps compares a filtered pass with an unfiltered one; the backends
+// that ignore the option would time one pass twice and report the noise as
+// the filter's speed-up.
+TEST_F(CliCommands, BenchFilterComparisonNeedsTheCpuBackend) {
+  for (const char* backend : {"reference", "cuda"}) {
+    const Result r = run({"bench", "--n", "64", "--h", "8", "--v", "100", "--reps", "1",
+                          "--filter-eps", "auto", "--backend", backend});
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_NE(r.err.find(std::string("--filter-eps: the ") + backend + " backend ignores it"),
+              std::string::npos) << r.err;
+  }
+}
+
 // One JSON line; the GEMM timed beside the pass only where the cpu backend
 // ran it (the reference's JSON named a GEMM it never used and a ratio to it).
 TEST_F(CliCommands, BenchComparesWithTheGemmOnlyWhereTheCpuBackendRan) {
