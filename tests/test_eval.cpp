@@ -757,8 +757,9 @@ TEST_F(EvalErrors, OutputsOfAnEarlierRunAreLeftAndNamed) {
   EXPECT_EQ(twice.err.find("note"), std::string::npos) << twice.err;
 }
 
-// `flce eval ARGS` (with --out), sent SIGINT `delay_us` after its temporary
-// output files appear: whether they appeared, the exit status, stderr.
+// `flce eval ARGS` (with --out), sent `signal` (and a second SIGINT 50 ms
+// later if `twice`) `delay_us` after its temporary output files all appear:
+// whether they appeared, the exit status, stderr.
 struct Interrupted {
   bool started = false;
   int status = 0;
@@ -770,7 +771,8 @@ Interrupted interrupt_eval(const Args& args, const std::string& out, const std::
   Interrupted r;
   if (pid <= 0) return r;
   for (int i = 0; i < 2000 && !r.started; ++i) {  // up to 20 s
-    for (const auto& [name, bytes] : snapshot_dir(out)) r.started |= name.rfind(".logprob.npy.tmp", 0) == 0;
+    for (const auto& [name, bytes] : snapshot_dir(out))  // the last of the three it creates
+      r.started |= name.rfind(".argmax.npy.tmp", 0) == 0;
     if (!r.started) ::usleep(10000);
   }
   if (r.started) ::usleep(delay_us);

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -81,15 +82,18 @@ TEST(OutDir, ADanglingSymlinkAtAFinalNameIsPutBackOnFailure) {
   EXPECT_EQ(snapshot_dir(dir.path()), expected);
 }
 
-// ".NAME.KIND.HOST.PID": the hidden name a flce process writes (KIND tmp)
-// or keeps a replaced file under (KIND old) in --out.
+// ".NAME.KIND.HOST.NS.PID" for process `pid` of this host and pid
+// namespace, or of another place.
 std::string hidden(const std::string& name, const std::string& kind, pid_t pid,
-                   std::string host = "") {
-  if (host.empty()) {
-    char buf[256] = "";
-    host = ::gethostname(buf, sizeof buf - 1) == 0 && buf[0] ? buf : "localhost";
-  }
-  return "." + name + "." + kind + "." + host + "." + std::to_string(pid);
+                   const std::string& elsewhere = "") {
+  if (elsewhere.empty()) return flce::cli::hidden_name(name, kind.c_str(), pid);
+  return "." + name + "." + kind + "." + elsewhere + "." + std::to_string(pid);
+}
+
+// "HOST.NS": this host and pid namespace as hidden names carry them.
+std::string own_place() {
+  const std::string name = hidden("x", "tmp", 1);  // ".x.tmp.HOST.NS.1"
+  return name.substr(7, name.size() - 7 - 2);
 }
 
 // The pid of a process that has exited and been reaped.
@@ -101,9 +105,18 @@ pid_t a_dead_pid() {
   return pid;
 }
 
-TEST(OutDir, TemporaryFilesAreHiddenAndNameTheirHostAndProcess) {
+TEST(OutDir, TemporaryFilesAreHiddenAndNameTheirHostNamespaceAndProcess) {
   EXPECT_EQ(flce::cli::temporary_path("d", "loss.npy"),
             fs::path("d") / hidden("loss.npy", "tmp", ::getpid()));
+  char host[256] = "";
+  ASSERT_EQ(::gethostname(host, sizeof host - 1), 0);
+  std::string expected = ".loss.npy.tmp.";
+  for (const char* c = host; *c; ++c)
+    expected += std::isalnum(static_cast<unsigned char>(*c)) || *c == '.' || *c == '-' ? *c : '_';
+  const std::string name = hidden("loss.npy", "tmp", 1234);
+  EXPECT_EQ(name.compare(0, expected.size() + 1, expected + "."), 0) << name;
+  EXPECT_EQ(name.substr(name.size() - 5), ".1234") << name;
+  EXPECT_EQ(name.find('/'), std::string::npos) << name;
 }
 
 TEST(OutDir, WhatAProcessThatIsGoneLeftIsRemovedWithANote) {
@@ -118,7 +131,8 @@ TEST(OutDir, WhatAProcessThatIsGoneLeftIsRemovedWithANote) {
   write_bytes(dir.file(gone_old), Bytes{2});
   std::map<std::string, Bytes> kept = {
       {hidden("loss.npy", "tmp", ::getpid()), Bytes{3}},          // a running process's
-      {hidden("loss.npy", "tmp", dead, "elsewhere"), Bytes{4}},   // another host's
+      {hidden("loss.npy", "tmp", dead, "elsewhere.1"), Bytes{4}},  // another host's
+      {hidden("loss.npy", "tmp", dead, own_place() + "9"), Bytes{8}},  // another pid namespace's
       {hidden("notes.txt", "tmp", dead), Bytes{5}},               // not an output name
       {hidden("loss.npy", "tmp", dead) + "x", Bytes{6}},          // not a pid
       {"loss.npy", Bytes{7}}};

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 
@@ -19,26 +20,34 @@ constexpr const char* kOutputFiles[] = {
     "loss.npy",   "lse.npy",    "logprob.npy",   "argmax.npy",      "entropy.npy",
     "zloss.npy",  "grad_x.npy", "grad_w.npy",    "grad_bias.npy",   "grad_logits.npy"};
 
-// This machine's name, which hidden file names carry with the pid.
-std::string host_name() {
-  char host[256] = "";
-  if (::gethostname(host, sizeof host - 1) != 0 || !host[0]) return "localhost";
-  return host;
-}
-
-// ".NAME.KIND.HOST.PID" for this process (KIND: tmp, a file being written;
-// old, a replaced file kept until the commit ends).
-std::string hidden_name(const std::string& name, const char* kind) {
-  return "." + name + "." + kind + "." + host_name() + "." + std::to_string(::getpid());
+// "HOST.NS.": where a process runs, for the hidden names. HOST is this
+// machine's name (an --out on shared storage), with characters outside
+// [A-Za-z0-9._-] as '_' (a '/' would make a path); NS is the pid namespace
+// (containers of one host that share its name need not share its pids:
+// another namespace's process is never taken for gone).
+const std::string& owner_place() {
+  static const std::string place = [] {
+    char host[256] = "";
+    std::string tag = ::gethostname(host, sizeof host - 1) == 0 && host[0] ? host : "localhost";
+    for (char& c : tag)
+      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-' && c != '_') c = '_';
+    char ns[64] = "";
+    const ssize_t n = ::readlink("/proc/self/ns/pid", ns, sizeof ns - 1);  // "pid:[4026531836]"
+    std::string digits;
+    for (ssize_t k = 0; k < std::max<ssize_t>(n, 0); ++k)
+      if (std::isdigit(static_cast<unsigned char>(ns[k]))) digits += ns[k];
+    return tag + "." + (digits.empty() ? "0" : digits) + ".";
+  }();
+  return place;
 }
 
 // Whether `entry` is a hidden file of an output name that a flce process of
-// this host left, and that process is no longer running.
+// this host and pid namespace left, and that process is no longer running.
 bool left_by_a_dead_process(const std::string& entry) {
   for (const char* file : kOutputFiles)
     for (const char* kind : {"tmp", "old"}) {
-      std::string prefix(".");  // ".loss.npy.tmp.HOST."
-      prefix.append(file).append(".").append(kind).append(".").append(host_name()).append(".");
+      std::string prefix(".");  // ".loss.npy.tmp.HOST.NS."
+      prefix.append(file).append(".").append(kind).append(".").append(owner_place());
       if (entry.size() <= prefix.size() || entry.compare(0, prefix.size(), prefix) != 0) continue;
       const std::string digits = entry.substr(prefix.size());
       if (digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos)
@@ -48,6 +57,14 @@ bool left_by_a_dead_process(const std::string& entry) {
     }
   return false;
 }
+
+}  // namespace
+
+std::string hidden_name(const std::string& name, const char* kind, long pid) {
+  return "." + name + "." + kind + "." + owner_place() + std::to_string(pid);
+}
+
+namespace {
 
 // Keeps what is at `final_path` as `kept` (a hard link, else a copy of a
 // regular file) so that the rename over it stays atomic (the final name is
@@ -99,7 +116,7 @@ void make_out_dir(const std::string& dir, const char* command) {
 }
 
 fs::path temporary_path(const std::string& dir, const std::string& name) {
-  return fs::path(dir) / hidden_name(name, "tmp");
+  return fs::path(dir) / hidden_name(name, "tmp", ::getpid());
 }
 
 std::vector<std::string> commit_outputs(const std::string& dir, const Renames& renames,
@@ -120,7 +137,7 @@ std::vector<std::string> commit_outputs(const std::string& dir, const Renames& r
   for (size_t k = 0; k < renames.size(); ++k) {
     const auto& [tmp, final_path] = renames[k];
     if (fs::symlink_status(final_path, ec).type() != fs::file_type::not_found) {
-      kept[k] = final_path.parent_path() / hidden_name(final_path.filename().string(), "old");
+      kept[k] = final_path.parent_path() / hidden_name(final_path.filename().string(), "old", ::getpid());
       if (auto e = keep(final_path, kept[k]); !e.empty()) {
         kept[k].clear();
         fail(k, e);

@@ -15,8 +15,14 @@ namespace flce::cli {
 // note on stderr naming them after `command` ("flce eval").
 void make_out_dir(const std::string& dir, const char* command);
 
-// DIR/.NAME.tmp.HOST.PID: where this process writes output NAME until the
-// commit. Hidden; the host and pid tell a later command whose it was.
+// ".NAME.KIND.HOST.NS.PID": the hidden name under which process `pid` of
+// this host (its name) and pid namespace (NS) writes output NAME (KIND tmp)
+// or keeps a file its commit replaces (KIND old); they tell a later command
+// whose it was.
+std::string hidden_name(const std::string& name, const char* kind, long pid);
+
+// DIR/hidden_name(NAME, "tmp", this process): where it writes output NAME
+// until the commit.
 std::filesystem::path temporary_path(const std::string& dir, const std::string& name);
 
 // The files are complete under temporary names in DIR: (temporary, final).
