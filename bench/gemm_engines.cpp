@@ -34,6 +34,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -367,7 +369,15 @@ int main(int argc, char** argv) {
             };
             for (const GemmEngine* e : engines) any = any || runs(e);
             if (!any) continue;
-            Workload w(kind, dtype, R, T, H, threads);
+            std::unique_ptr<Workload> owned;
+            try {
+              owned = std::make_unique<Workload>(kind, dtype, R, T, H, threads);
+            } catch (const std::bad_alloc&) {
+              bad("--rows " + std::to_string(R) + " --tiles " + std::to_string(T) + " --hidden " +
+                      std::to_string(H),
+                  "the operands do not fit in this machine's memory");
+            }
+            Workload& w = *owned;
             for (const GemmEngine* e : engines) {
               if (!runs(e)) continue;
               Rate best;

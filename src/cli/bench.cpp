@@ -96,12 +96,16 @@ struct Setup {
 // The host bytes of the problem's arrays (BenchProblem: x and W in the
 // storage dtype, grad_x and grad_W in the gradients' for bwd and step,
 // labels and lse, and the peaky data's CDF over V) and of the reference
-// GEMM's output blocks (one per thread), or -1 when that overflows 64 bits.
+// GEMM's output blocks (one per thread, where the cpu backend may run and
+// its engine has the dtype's GEMM), or -1 when that overflows 64 bits.
 int64_t problem_bytes(const Setup& s) {
   const int64_t per_value =
       int64_t(dtype_size(s.dtype) + (s.pass == 0 ? 0 : dtype_size(s.grad_dtype)));
   const LogitsGemmBlocks b = logits_gemm_blocks(s.n, s.v, s.threads);
-  const int64_t gemm = int64_t(s.threads) * b.rows * b.cols * 4;  // <= 4096 x 32 MiB
+  const bool cpu =
+      (s.config.backend.empty() || s.config.backend == "cpu") && !wants_device(s.config);
+  const bool times_gemm = cpu && bench_engine(s.dtype, s.config.gemm)->supports(s.dtype);
+  const int64_t gemm = times_gemm ? int64_t(s.threads) * b.rows * b.cols * 4 : 0;  // <= 4096 x 32 MiB
   int64_t nh = 0, vh = 0, values = 0, bytes = 0;
   if (__builtin_mul_overflow(s.n, s.h, &nh) || __builtin_mul_overflow(s.v, s.h, &vh) ||
       __builtin_add_overflow(nh, vh, &values) ||

@@ -54,9 +54,11 @@ class BenchProblem {
 
 // How logits_gemm_seconds cuts U[N, V]: row_blocks x col_blocks blocks of
 // rows x cols (at most 4096 x 2048; the last row and column of blocks a
-// little smaller), col_blocks a multiple of the thread count unless blocks
-// would be narrower than 64 classes, so that the static schedule gives each
-// thread the same share. Blocks of exactly 4096 x 2048 gave one of two
+// little smaller), col_blocks planned as a multiple of the thread count
+// (unless blocks would be narrower than 64 classes; rounding the width up
+// can leave it a few short at many threads: V = 6145 at 96 threads makes
+// 95), so that the static
+// schedule gives each thread about the same share. Blocks of exactly 4096 x 2048 gave one of two
 // threads 13 of S1's 25 (4096 x 768 x 50257): 6% more than half, so the
 // reference was slow and the ratios to it low.
 struct LogitsGemmBlocks {

@@ -23,7 +23,9 @@ std::string synchronize();
 // U = X W^T of `device_problem` (x, w on the device), output in x's dtype
 // (f32 for f32): the GEMM a step cannot avoid. One cuBLAS call into an
 // [N, V] buffer, or, where the device cannot hold that, one call per block
-// of rows into a buffer of as many rows as it can. "" or the error.
+// of rows into a buffer of N/2, N/4, ... rows, the first that it can hold.
+// Where writing the output dominates (a small H), this GEMM is slower than
+// a pass that never writes [N, V], so its ratio is no bound. "" or the error.
 std::string time_logits_gemm(const Problem& device_problem, double* seconds);
 
 class DeviceProblem {

@@ -109,7 +109,7 @@ double softcap(const Context& c, double z) { return c.k > 0 ? c.k * std::tanh(z 
 // ds/dz = 1 - tanh(z/k)^2, formed as 1 / cosh(z/k)^2: from s, 1 - (s/k)^2
 // cancels near saturation (relative error u / (1 - s/k), 6e-4 at z/k = 15).
 double softcap_slope(const Context& c, double z) {
-  const double cosh = std::cosh(z / c.k);  // inf past |z/k| ~ 710: slope 0
+  const double cosh = std::cosh(z / c.k);  // its square is inf past |z/k| ~ 355: slope 0
   return 1 / (cosh * cosh);
 }
 

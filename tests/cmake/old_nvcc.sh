@@ -2,9 +2,12 @@
 # An nvcc older than 12 (here the real one, saying it is 11.8 when asked its
 # version): FLCE_CUDA=AUTO configures without the cuda backend and says why,
 # FLCE_CUDA=ON stops. Exits 77 (skipped) where there is no nvcc to wrap.
-#   bash tests/cmake/old_nvcc.sh SOURCE_DIR NVCC
+#   bash tests/cmake/old_nvcc.sh SOURCE_DIR [NVCC]
+# NVCC: the one CMake found, else nvcc on PATH (Debian's own toolkit, 11.8,
+# is /usr/bin/nvcc), else /usr/local/cuda/bin/nvcc.
 set -uo pipefail
-src=$1 nvcc=${2:-/usr/local/cuda/bin/nvcc}
+src=$1 nvcc=${2:-}
+[[ -n $nvcc ]] || nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 [[ -x $nvcc ]] || { echo "no nvcc at $nvcc: skipped"; exit 77; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
