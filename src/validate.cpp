@@ -242,15 +242,17 @@ std::string check_outputs(const Problem& p, Pass pass, const Dims& d) {
     int64_t size0, size1;
   };
   const int64_t w0 = p.w.shape[0], w1 = p.w.shape[1];
+  const char* loss_dims = p.options.reduction == Reduction::none ? "[N] (reduction none)"
+                          : p.options.reduction == Reduction::sum ? "[] (reduction sum)"
+                                                                  : "[] (reduction mean)";
   const Want wants[] = {
-      {"loss", &p.loss, scalar_loss ? 0 : 1, scalar_loss ? "[] (0-D)" : "[N]", kReal, d.n, 0},
+      {"loss", &p.loss, scalar_loss ? 0 : 1, loss_dims, kReal, d.n, 0},
       {"lse", &p.lse, 1, "[N]", kReal, d.n, 0},
       {"logprob", &p.logprob, 1, "[N]", kReal, d.n, 0},
       {"argmax", &p.argmax, 1, "[N]", kIndex, d.n, 0},
       {"entropy", &p.entropy, 1, "[N]", kReal, d.n, 0},
       {"zloss", &p.zloss, 1, "[N]", kReal, d.n, 0},
-      {"grad_loss", &p.grad_loss, scalar_loss ? 0 : 1, scalar_loss ? "[] (0-D)" : "[N]", kReal,
-       d.n, 0},
+      {"grad_loss", &p.grad_loss, scalar_loss ? 0 : 1, loss_dims, kReal, d.n, 0},
       {"grad_lse", &p.grad_lse, 1, "[N]", kReal, d.n, 0},
       {"grad_entropy", &p.grad_entropy, 1, "[N]", kReal, d.n, 0},
       {"grad_x", &p.grad_x, 2, "[N, H]", grad_dtypes, d.n, d.h},

@@ -274,14 +274,15 @@ TEST_F(ValidationShapes, LossRankFollowsTheReduction) {
     Problem p = fwd();
     p.options.reduction = r;
     p.loss = vec(loss.data(), Dtype::f64, N);  // [N] for a scalar reduction
-    reject(kForward, p, {"loss", "0-D", "got 1-D"});
+    reject(kForward, p, {std::string("loss: expected a 0-D tensor [] (reduction ") +
+                             (r == Reduction::sum ? "sum" : "mean") + "), got 1-D"});
     p.loss = flce::scalar_view(loss.data(), Dtype::f64);
     accept(kForward, p);
   }
   Problem p = fwd();
   p.options.reduction = Reduction::none;
   p.loss = flce::scalar_view(loss.data(), Dtype::f64);
-  reject(kForward, p, {"loss", "1-D", "got 0-D"});
+  reject(kForward, p, {"loss: expected a 1-D tensor [N] (reduction none), got 0-D"});
   p.loss = vec(loss.data(), Dtype::f64, N + 1);
   reject(kForward, p, {"loss", "[5]", "[4]"});
   p.loss = vec(loss.data(), Dtype::f64, N);

@@ -137,7 +137,8 @@ Status forward(const Problem& problem, const RunConfig& config = {});
 Status backward(const Problem& problem, const RunConfig& config = {});
 
 // loss_and_grad: a training step in one call, forward then backward without
-// a second pass over the inputs; writes every present output.
+// a second pass over the inputs; writes loss and lse (required), at least
+// one gradient, and every other present output.
 Status loss_and_grad(const Problem& problem, const RunConfig& config = {});
 
 // The scratch bytes the chosen backend needs for `pass` (beyond the outputs).
