@@ -160,6 +160,33 @@ TEST(CpuBasics, UnknownGemmEngineIsAnError) {
   EXPECT_EQ(sized.error, out.status.error);
 }
 
+TEST(CpuBasics, ThreadsBeyondTheWorkGetNoScratch) {
+  // A 5 x 8 x 12 step at --threads 4096 asked for 2 GB of per-thread
+  // scratch; no loop has more than 12 iterations. The reference likewise.
+  float x[40] = {}, w[96] = {}, loss = 0, lse[5] = {}, gx[40] = {}, gw[96] = {};
+  int64_t y[5] = {0, 1, 2, 3, 4};
+  flce::Problem p;
+  p.x = flce::matrix_view(x, Dtype::f32, 5, 8);
+  p.w = flce::matrix_view(w, Dtype::f32, 12, 8);
+  p.labels = flce::vector_view(y, Dtype::i64, 5);
+  p.loss = flce::scalar_view(&loss, Dtype::f32);
+  p.lse = flce::vector_view(lse, Dtype::f32, 5);
+  p.grad_x = flce::matrix_view(gx, Dtype::f32, 5, 8);
+  p.grad_w = flce::matrix_view(gw, Dtype::f32, 12, 8);
+  for (const char* backend : {"cpu", "reference"}) {
+    flce::RunConfig config;
+    config.backend = backend;
+    size_t at_4096 = 0, at_12 = 0;
+    config.threads = 4096;
+    ASSERT_TRUE(flce::workspace_size(p, Pass::loss_and_grad, config, &at_4096).ok());
+    config.threads = 12;
+    ASSERT_TRUE(flce::workspace_size(p, Pass::loss_and_grad, config, &at_12).ok());
+    EXPECT_EQ(at_4096, at_12) << backend;
+    config.threads = 4096;
+    EXPECT_TRUE(flce::loss_and_grad(p, config).ok()) << backend;
+  }
+}
+
 TEST(CpuOptions, EachAlone) {
   for (const Case& c : each_option_alone(head)) check_all_passes(c);
 }

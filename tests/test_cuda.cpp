@@ -311,6 +311,20 @@ TEST_F(CudaGpu, AllRowsIgnored) {
   for (const Case& c : all_rows_ignored(head)) check_all_passes(c);
 }
 
+// ignore_index a valid class (3): rows labelled 3 are ignored, though their
+// label column exists (the kernels form it from the label); f32 through the
+// cuBLAS tiles and bf16 through the fused kernels where the GPU has them,
+// with smoothing, whose sums every row takes.
+TEST_F(CudaGpu, AnIgnoreIndexThatIsAClass) {
+  for (Dtype dtype : {Dtype::f32, Dtype::bf16}) {
+    SCOPED_TRACE(flce::dtype_name(dtype));
+    const Case c = head(40, 24, 300, 51).stored_as(dtype).ignore_index(3).ignore_rows({0, 7, 39})
+                       .label_smoothing(0.1).with_grad_lse().with_grad_entropy();
+    ASSERT_TRUE(c.problem().ignored(7));
+    check_all_passes(c);
+  }
+}
+
 TEST_F(CudaGpu, NaNAndInfRows) {
   constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
   constexpr double kInf = std::numeric_limits<double>::infinity();

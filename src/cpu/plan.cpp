@@ -243,7 +243,11 @@ Plan make_plan(const Problem& p, Pass pass, const RunConfig& config) {
   Plan plan;
   plan.d = dims_of(p);
   plan.pass = pass;
-  plan.threads = config.threads > 0 ? config.threads : omp_get_max_threads();
+  // At most as many threads as a loop has iterations (classes, rows, the
+  // grad_x tasks): each gets scratch, and --threads 4096 on a problem of 12
+  // classes asked for 2 GB of it. The bits do not depend on the count.
+  const int asked = config.threads > 0 ? config.threads : omp_get_max_threads();
+  plan.threads = int(std::min<int64_t>(asked, std::max({plan.d.v, plan.d.n, 2 * kGradXTasks})));
   plan.storage = plan.d.logits_entry ? p.logits.dtype : p.x.dtype;
   // An unknown engine name is reported by the backend's run(); plan with the default.
   if (!pick_gemm(config, plan.storage, &plan.gemm).empty()) plan.gemm = default_gemm_engine(Dtype::f32);
