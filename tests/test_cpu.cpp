@@ -137,6 +137,27 @@ TEST(CpuBasics, DeclinesAScaleOrSoftcapOutsideFloat32WithAReason) {
   }
 }
 
+// A host f32 problem of zeros (labels 0, 1, ...), its outputs in place:
+// loss and lse, and grad_x and grad_w with `grads`.
+struct ZeroStep {
+  std::vector<float> x, w, lse, gx, gw;
+  std::vector<int64_t> y;
+  float loss = 0;
+  flce::Problem p;
+  ZeroStep(int64_t n, int64_t h, int64_t v, bool grads)
+      : x(n * h), w(v * h), lse(n), gx(n * h), gw(v * h), y(n) {
+    for (int64_t i = 0; i < n; ++i) y[i] = i % v;
+    p.x = flce::matrix_view(x.data(), Dtype::f32, n, h);
+    p.w = flce::matrix_view(w.data(), Dtype::f32, v, h);
+    p.labels = flce::vector_view(y.data(), Dtype::i64, n);
+    p.loss = flce::scalar_view(&loss, Dtype::f32);
+    p.lse = flce::vector_view(lse.data(), Dtype::f32, n);
+    if (!grads) return;
+    p.grad_x = flce::matrix_view(gx.data(), Dtype::f32, n, h);
+    p.grad_w = flce::matrix_view(gw.data(), Dtype::f32, v, h);
+  }
+};
+
 TEST(CpuBasics, UnknownGemmEngineIsAnError) {
   const Case c = head(3, 4, 5);
   Request rq;
@@ -146,16 +167,9 @@ TEST(CpuBasics, UnknownGemmEngineIsAnError) {
   EXPECT_FALSE(out.status.ok());
   EXPECT_NE(out.status.error.find("nope"), std::string::npos) << out.status.error;
   // workspace_size() says so too (it reported the default engine's bytes).
-  float x[12] = {}, w[20] = {}, loss = 0, lse[3] = {};
-  int64_t y[3] = {0, 1, 2};
-  flce::Problem p;
-  p.x = flce::matrix_view(x, Dtype::f32, 3, 4);
-  p.w = flce::matrix_view(w, Dtype::f32, 5, 4);
-  p.labels = flce::vector_view(y, Dtype::i64, 3);
-  p.loss = flce::scalar_view(&loss, Dtype::f32);
-  p.lse = flce::vector_view(lse, Dtype::f32, 3);
+  ZeroStep step(3, 4, 5, false);
   size_t bytes = 0;
-  const flce::Status sized = flce::workspace_size(p, Pass::forward, rq.config, &bytes);
+  const flce::Status sized = flce::workspace_size(step.p, Pass::forward, rq.config, &bytes);
   EXPECT_FALSE(sized.ok());
   EXPECT_EQ(sized.error, out.status.error);
 }
@@ -163,16 +177,8 @@ TEST(CpuBasics, UnknownGemmEngineIsAnError) {
 TEST(CpuBasics, ThreadsBeyondTheWorkGetNoScratch) {
   // A 5 x 8 x 12 step at --threads 4096 asked for 2 GB of per-thread
   // scratch; no loop has more than 12 iterations. The reference likewise.
-  float x[40] = {}, w[96] = {}, loss = 0, lse[5] = {}, gx[40] = {}, gw[96] = {};
-  int64_t y[5] = {0, 1, 2, 3, 4};
-  flce::Problem p;
-  p.x = flce::matrix_view(x, Dtype::f32, 5, 8);
-  p.w = flce::matrix_view(w, Dtype::f32, 12, 8);
-  p.labels = flce::vector_view(y, Dtype::i64, 5);
-  p.loss = flce::scalar_view(&loss, Dtype::f32);
-  p.lse = flce::vector_view(lse, Dtype::f32, 5);
-  p.grad_x = flce::matrix_view(gx, Dtype::f32, 5, 8);
-  p.grad_w = flce::matrix_view(gw, Dtype::f32, 12, 8);
+  ZeroStep step(5, 8, 12, true);
+  const flce::Problem& p = step.p;
   for (const char* backend : {"cpu", "reference"}) {
     flce::RunConfig config;
     config.backend = backend;
