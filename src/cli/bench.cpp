@@ -102,10 +102,11 @@ int64_t problem_bytes(const Setup& s) {
   const int64_t per_value =
       int64_t(dtype_size(s.dtype) + (s.pass == 0 ? 0 : dtype_size(s.grad_dtype)));
   const LogitsGemmBlocks b = logits_gemm_blocks(s.n, s.v, s.threads);
-  const bool cpu =
+  const bool cpu_may_run =
       (s.config.backend.empty() || s.config.backend == "cpu") && !wants_device(s.config);
-  const bool times_gemm = cpu && bench_engine(s.dtype, s.config.gemm)->supports(s.dtype);
-  const int64_t gemm = times_gemm ? int64_t(s.threads) * b.rows * b.cols * 4 : 0;  // <= 4096 x 32 MiB
+  const bool times_gemm = cpu_may_run && bench_engine(s.dtype, s.config.gemm)->supports(s.dtype);
+  // At most 4096 threads x 32 MiB.
+  const int64_t gemm = times_gemm ? int64_t(s.threads) * b.rows * b.cols * 4 : 0;
   int64_t nh = 0, vh = 0, values = 0, bytes = 0;
   if (__builtin_mul_overflow(s.n, s.h, &nh) || __builtin_mul_overflow(s.v, s.h, &vh) ||
       __builtin_add_overflow(nh, vh, &values) ||

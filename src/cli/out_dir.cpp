@@ -137,7 +137,8 @@ std::vector<std::string> commit_outputs(const std::string& dir, const Renames& r
   for (size_t k = 0; k < renames.size(); ++k) {
     const auto& [tmp, final_path] = renames[k];
     if (fs::symlink_status(final_path, ec).type() != fs::file_type::not_found) {
-      kept[k] = final_path.parent_path() / hidden_name(final_path.filename().string(), "old", ::getpid());
+      const std::string name = final_path.filename().string();
+      kept[k] = final_path.parent_path() / hidden_name(name, "old", ::getpid());
       if (auto e = keep(final_path, kept[k]); !e.empty()) {
         kept[k].clear();
         fail(k, e);
