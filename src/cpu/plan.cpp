@@ -249,7 +249,7 @@ Plan make_plan(const Problem& p, Pass pass, const RunConfig& config) {
   const int asked = config.threads > 0 ? config.threads : omp_get_max_threads();
   plan.threads = int(std::min<int64_t>(asked, std::max({plan.d.v, plan.d.n, 2 * kGradXTasks})));
   plan.storage = plan.d.logits_entry ? p.logits.dtype : p.x.dtype;
-  // An unknown engine name is reported by the backend's run(); plan with the default.
+  // An unknown engine name is reported by config_error(); plan with the default.
   if (!pick_gemm(config, plan.storage, &plan.gemm).empty()) plan.gemm = default_gemm_engine(Dtype::f32);
   plan.kernels = &simd::best_kernels();
   const bool bf16 = plan.storage == Dtype::bf16 && plan.gemm->supports(Dtype::bf16);
