@@ -292,7 +292,6 @@ class Outputs {
   // Creates the directory if missing and the files at full size; whatever
   // was created is removed by the destructor unless commit() ran.
   void create(int64_t n, Dtype real) {
-    namespace fs = std::filesystem;
     const std::string& dir = dir_;
     make_out_dir(dir, "flce eval");
     const std::pair<const char*, Dtype> files[] = {

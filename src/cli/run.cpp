@@ -3,8 +3,6 @@
 // a bad input or a failure leaves no partial files in --out.
 #include "cli/run.h"
 
-#include <unistd.h>
-
 #include <cstdio>
 #include <filesystem>
 #include <string>
