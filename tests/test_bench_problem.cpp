@@ -1,6 +1,6 @@
 // The reference GEMM of `flce bench` and flce_benchmarks (src/cli/bench_problem.h):
 // its blocks cover the logits exactly and share the work evenly between
-// threads, so that it is a fair lower bound for the pass it is compared with.
+// threads, so that no thread idles while another finishes its share.
 #include <gtest/gtest.h>
 
 #include <algorithm>
