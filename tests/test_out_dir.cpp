@@ -121,8 +121,8 @@ TEST(OutDir, TemporaryFilesAreHiddenAndNameTheirHostNamespaceAndProcess) {
 
 TEST(OutDir, WhatAProcessThatIsGoneLeftIsRemovedWithANote) {
   // A flce process killed mid-write (SIGKILL, the OOM killer) leaves its
-  // hidden files; the next command into DIR removes those of this host
-  // whose process is gone, and only those.
+  // hidden files; the next command into DIR removes those of this host and
+  // pid namespace whose process is gone, and only those.
   flce_test::TempDir dir;
   const pid_t dead = a_dead_pid();
   const std::string gone_tmp = hidden("logprob.npy", "tmp", dead);
@@ -153,8 +153,8 @@ TEST(OutDir, WhatAProcessThatIsGoneLeftIsRemovedWithANote) {
 }
 
 TEST(OutDir, AKeptCopyAKilledRunLeftIsReplaced) {
-  // A run killed mid-commit leaves ".loss.npy.old.HOST.PID"; a later run of
-  // the same pid must not fail on it (nor leave it).
+  // A run killed mid-commit leaves ".loss.npy.old.HOST.NS.PID"; a later run
+  // of the same pid must not fail on it (nor leave it).
   flce_test::TempDir dir;
   write_bytes(dir.file("loss.npy"), Bytes{1});
   write_bytes(dir.file(hidden("loss.npy", "old", ::getpid())), Bytes{9});
