@@ -540,12 +540,9 @@ int eval(const Args& args) {
   progress.finish(N);
   std::vector<std::string> others;  // stops at commit for a signal inside the last block
   if (outputs) others = outputs->commit(input_files(args, eval_flags()));
-  if (!others.empty()) {  // left as they were: they may be the user's
-    std::string names;
-    for (const std::string& o : others) names += (names.empty() ? "" : ", ") + o;
+  if (!others.empty())  // left as they were: they may be the user's
     std::fprintf(stderr, "flce eval: note: --out %s also holds %s, which this eval did not write\n",
-                 args.get("out").c_str(), names.c_str());
-  }
+                 args.get("out").c_str(), name_list(others).c_str());
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   print_summary(args, backend, t, seconds);

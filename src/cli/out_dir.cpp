@@ -58,14 +58,6 @@ bool left_by_a_dead_process(const std::string& entry) {
   return false;
 }
 
-}  // namespace
-
-std::string hidden_name(const std::string& name, const char* kind, long pid) {
-  return "." + name + "." + kind + "." + owner_place() + std::to_string(pid);
-}
-
-namespace {
-
 // Keeps what is at `final_path` as `kept` (a hard link, else a copy of a
 // regular file) so that the rename over it stays atomic (the final name is
 // never missing) and a later failure can put it back. "" or the error.
@@ -109,10 +101,18 @@ void make_out_dir(const std::string& dir, const char* command) {
   }
   if (removed.empty()) return;
   std::sort(removed.begin(), removed.end());
-  std::string names;
-  for (const std::string& entry : removed) names += (names.empty() ? "" : ", ") + entry;
   std::fprintf(stderr, "%s: note: removed %s from --out %s (left by a flce process of this host "
-               "that is no longer running)\n", command, names.c_str(), dir.c_str());
+               "that is no longer running)\n", command, name_list(removed).c_str(), dir.c_str());
+}
+
+std::string hidden_name(const std::string& name, const char* kind, long pid) {
+  return "." + name + "." + kind + "." + owner_place() + std::to_string(pid);
+}
+
+std::string name_list(const std::vector<std::string>& names) {
+  std::string list;
+  for (const std::string& name : names) list += (list.empty() ? "" : ", ") + name;
+  return list;
 }
 
 fs::path temporary_path(const std::string& dir, const std::string& name) {

@@ -21,6 +21,9 @@ void make_out_dir(const std::string& dir, const char* command);
 // whose it was.
 std::string hidden_name(const std::string& name, const char* kind, long pid);
 
+// "a, b, c": file names for a note.
+std::string name_list(const std::vector<std::string>& names);
+
 // DIR/hidden_name(NAME, "tmp", this process): where it writes output NAME
 // until the commit.
 std::filesystem::path temporary_path(const std::string& dir, const std::string& name);
