@@ -250,8 +250,12 @@ def _call(pass_, args, measure=False):
             }[name]
             owner = _arrays.empty_like_kind(ref, shape, dtype)
         # Named as the caller gave it: out['lse'], or the logits for inplace=True.
-        label = name if name not in given else "logits (inplace=True)" \
-            if args.get("inplace") and name == "grad_logits" else f"out[{name!r}]"
+        if name not in given:
+            label = name
+        elif args.get("inplace") and name == "grad_logits":
+            label = "logits (inplace=True)"
+        else:
+            label = f"out[{name!r}]"
         tensors[name], owner = _arrays.describe(label, owner, output=True)
         keep.append(owner)
         results[name] = owner
