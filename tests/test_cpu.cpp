@@ -24,6 +24,7 @@
 #include "flce/flce.h"
 #include "simd/kernels.h"
 #include "support/agreement.h"
+#include "support/host_problem.h"
 #include "support/shared_cases.h"
 
 namespace flce_test {
@@ -34,6 +35,7 @@ using flce::GradLogitsDtype;
 using flce::Pass;
 using flce::Reduction;
 using flce::WeightLayout;
+using flce_test::ZeroStep;
 
 constexpr int64_t kTile = flce::cpu::kVocabTile;
 
@@ -136,27 +138,6 @@ TEST(CpuBasics, DeclinesAScaleOrSoftcapOutsideFloat32WithAReason) {
     check(c.problem(), c.storage(), Pass::forward);
   }
 }
-
-// A host f32 problem of zeros (labels 0, 1, ...), its outputs in place:
-// loss and lse, and grad_x and grad_w with `grads`.
-struct ZeroStep {
-  std::vector<float> x, w, lse, gx, gw;
-  std::vector<int64_t> y;
-  float loss = 0;
-  flce::Problem p;
-  ZeroStep(int64_t n, int64_t h, int64_t v, bool grads)
-      : x(n * h), w(v * h), lse(n), gx(n * h), gw(v * h), y(n) {
-    for (int64_t i = 0; i < n; ++i) y[i] = i % v;
-    p.x = flce::matrix_view(x.data(), Dtype::f32, n, h);
-    p.w = flce::matrix_view(w.data(), Dtype::f32, v, h);
-    p.labels = flce::vector_view(y.data(), Dtype::i64, n);
-    p.loss = flce::scalar_view(&loss, Dtype::f32);
-    p.lse = flce::vector_view(lse.data(), Dtype::f32, n);
-    if (!grads) return;
-    p.grad_x = flce::matrix_view(gx.data(), Dtype::f32, n, h);
-    p.grad_w = flce::matrix_view(gw.data(), Dtype::f32, v, h);
-  }
-};
 
 TEST(CpuBasics, UnknownGemmEngineIsAnError) {
   const Case c = head(3, 4, 5);

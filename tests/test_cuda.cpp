@@ -30,6 +30,7 @@
 #endif
 #include "flce/flce.h"
 #include "support/agreement.h"
+#include "support/host_problem.h"
 #include "support/shared_cases.h"
 #include "support/npy_files.h"
 
@@ -41,6 +42,7 @@ using flce::GradLogitsDtype;
 using flce::Pass;
 using flce::Reduction;
 using flce::WeightLayout;
+using flce_test::ZeroStep;
 
 // Why the cuda backend cannot run here, or "".
 std::string gpu_missing() {
@@ -150,23 +152,9 @@ TEST(CudaBasics, ListedWithWhatItIsOrWhyItDeclines) {
   EXPECT_TRUE(listed);
 }
 
-// A forward problem of 3 rows, 4 features and 5 classes on host arrays.
-struct HostForward {
-  float x[12] = {}, w[20] = {}, loss = 0, lse[3] = {};
-  int64_t y[3] = {0, 1, 2};
-  flce::Problem p;
-  HostForward() {
-    p.x = flce::matrix_view(x, Dtype::f32, 3, 4);
-    p.w = flce::matrix_view(w, Dtype::f32, 5, 4);
-    p.labels = flce::vector_view(y, Dtype::i64, 3);
-    p.loss = flce::scalar_view(&loss, Dtype::f32);
-    p.lse = flce::vector_view(lse, Dtype::f32, 3);
-  }
-};
-
 TEST(CudaBasics, ForcedOnHostTensorsIsAnErrorThatSaysSo) {
   // Host arrays, no device copy: the library is called directly.
-  HostForward host;
+  const ZeroStep host(3, 4, 5, false);  // a forward problem on host arrays
   const flce::Status s = flce::forward(host.p, cuda());
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.error.find("cuda"), std::string::npos) << s.error;
@@ -191,7 +179,7 @@ TEST(CudaBasics, HostProblemsLeaveCublasUnloaded) {
                       run.skipped_test_count();
   if (earlier > 0 && cublas_mapped())  // ctest runs each test in a process of its own
     GTEST_SKIP() << "an earlier test in this process loaded cuBLAS";
-  HostForward host;
+  const ZeroStep host(3, 4, 5, false);  // a forward problem on host arrays
   const flce::Status s = flce::forward(host.p);  // the first backend that accepts
   ASSERT_TRUE(s.ok()) << s.error;
   ASSERT_FALSE(flce::forward(host.p, cuda()).ok());  // declined: host memory
