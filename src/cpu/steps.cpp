@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/loss_terms.h"
+#include "common/row_terms.h"
 #include "common/tensor_access.h"
 #include "cpu/operands.h"
 #include "cpu/parallel.h"
@@ -177,6 +178,11 @@ void set_filter_terms(const Plan& plan, const Options& o, RowInfo* info) {
   if (plan.filter_uniform) info->uniform = a * info->coef_c;
 }
 
+LossConstants loss_constants(const Context& c) {
+  const Options& o = c.p.options;
+  return {o.label_smoothing, double(c.plan.d.v), c.class_sum, o.z_loss};
+}
+
 // Row i's RowInfo with only its label set (README, Semantics: ignore_index).
 RowInfo labelled_row(const Context& c, int64_t i) {
   RowInfo info;
@@ -189,22 +195,15 @@ RowInfo labelled_row(const Context& c, int64_t i) {
 // given its lse.
 void set_grad_terms(const Context& c, int64_t i, RowInfo* info) {
   const Problem& p = c.p;
-  const Options& o = p.options;
-  const double e = o.label_smoothing, V = double(c.plan.d.v);
   const double t_i = p.token_weights.present() ? load(p.token_weights, i) : 1.0;
   const double c_y = info->ignored ? 0.0 : (c.ws.class_w ? c.ws.class_w[info->y] : 1.0);
   info->g_loss = info->ignored ? 0.0 : loss_cotangent(c.p, c.denom, i) * t_i;
   info->g_lse = p.grad_lse.present() ? load(p.grad_lse, i) : 0.0;
   info->g_ent = p.grad_entropy.present() ? load(p.grad_entropy, i) : 0.0;
-  // No loss term where g_loss = 0 (an ignored row), as the oracle: 0 * (2 l
-  // lse) would be NaN for lse = +inf and poison the row's every class.
-  const double loss_p =
-      info->g_loss == 0
-          ? 0.0
-          : info->g_loss * ((1 - e) * c_y + (e / V) * c.class_sum + 2 * o.z_loss * info->lse);
-  info->coef_p = loss_p + info->g_lse;
-  info->coef_c = -info->g_loss * e / V;
-  if (c.plan.filter) set_filter_terms(c.plan, o, info);
+  const LossConstants k = loss_constants(c);
+  info->coef_p = grad_coef_p(k, info->g_loss, c_y, info->lse, info->g_lse);
+  info->coef_c = grad_coef_c(k, info->g_loss);
+  if (c.plan.filter) set_filter_terms(c.plan, p.options, info);
 }
 
 }  // namespace
@@ -212,8 +211,7 @@ void set_grad_terms(const Context& c, int64_t i, RowInfo* info) {
 void merge_rows(const Context& c, int64_t i0, int64_t rows) {
   const Problem& p = c.p;
   const Plan& plan = c.plan;
-  const Options& o = p.options;
-  const double e = o.label_smoothing, V = double(plan.d.v);
+  const LossConstants k = loss_constants(c);
   parallel_for(plan.threads, 0, rows, [&](int64_t r) {
     const int64_t i = i0 + r;
     const simd::SoftmaxState* st = c.ws.states + r * plan.tiles;
@@ -234,16 +232,13 @@ void merge_rows(const Context& c, int64_t i0, int64_t rows) {
     const double t_i = p.token_weights.present() ? load(p.token_weights, i) : 1.0;
     const double c_y = info.ignored ? 0.0 : (c.ws.class_w ? c.ws.class_w[info.y] : 1.0);
     const double logp_y = info.ignored ? 0.0 : info.s_y - info.lse;
-    const double sum_clogp = m.sum_cs - c.class_sum * info.lse;  // sum_j c_j logp_ij
-    const double zl = o.z_loss * info.lse * info.lse;
-    const double ce = -(1 - e) * c_y * logp_y - (e > 0 ? (e / V) * sum_clogp : 0.0);
-    c.ws.row_loss[i] = info.ignored ? 0.0 : t_i * (ce + zl);
+    c.ws.row_loss[i] = row_loss(k, info.ignored, t_i, c_y, logp_y, m.sum_cs, info.lse);
     store(p.lse, i, info.lse);
     if (p.logprob.present()) store(p.logprob, i, logp_y);
     if (p.argmax.present()) store(p.argmax, i, double(m.first_nan >= 0 ? m.first_nan : m.argmax));
     if (p.entropy.present()) store(p.entropy, i, info.lse - info.sbar);
-    if (p.zloss.present()) store(p.zloss, i, zl);
-    if (o.reduction == Reduction::none) store(p.loss, i, c.ws.row_loss[i]);
+    if (p.zloss.present()) store(p.zloss, i, z_loss_term(k, info.lse));
+    if (p.options.reduction == Reduction::none) store(p.loss, i, c.ws.row_loss[i]);
   });
 }
 

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <utility>
 
+#include "common/row_terms.h"
 #include "cuda/kernels.h"
 #include "cuda/softmax_state.cuh"
 
@@ -372,31 +373,24 @@ __global__ void merge_rows_kernel(LossArgs g, const TileState* states, int64_t t
     g_loss *= t_i;
   }
   const double g_lse = opt1(g.grad_lse, i, 0.0), g_ent = opt1(g.grad_entropy, i, 0.0);
-  const double V = double(g.v);
+  const LossConstants k{g.e, double(g.v), sc.class_sum, g.l};
   info.lse = lse;
   info.sbar = sbar;
-  // No loss term where g_loss = 0 (an ignored row), as the oracle: 0 * (2 l
-  // lse) would be NaN for lse = +inf and poison the row's every class.
-  const double loss_p = g_loss == 0 ? 0.0 : g_loss * ((1 - g.e) * c_y + (g.e / V) * sc.class_sum +
-                                                       2 * g.l * lse);
-  info.coef_p = loss_p + g_lse;
-  info.coef_c = -g_loss * g.e / V;
+  info.coef_p = grad_coef_p(k, g_loss, c_y, lse, g_lse);
+  info.coef_c = grad_coef_c(k, g_loss);
   info.coef_h = g_ent;
   info.label_coef = g_loss * (1 - g.e) * c_y;
   info.y = ignored ? -1 : y;
   if (g.backward) return;
 
   const double logp_y = ignored ? 0.0 : s_y - lse;
-  const double sum_clogp = sum_cs - sc.class_sum * lse;  // sum_j c_j logp_j
-  const double zl = g.l * lse * lse;
-  const double ce = -(1 - g.e) * c_y * logp_y - (g.e > 0 ? (g.e / V) * sum_clogp : 0.0);
-  const double loss = ignored ? 0.0 : t_i * (ce + zl);
+  const double loss = row_loss(k, ignored, t_i, c_y, logp_y, sum_cs, lse);
   g.row_loss[i] = loss;
   store1(g.lse, i, lse);
   if (g.logprob.present()) store1(g.logprob, i, logp_y);
   if (g.argmax.present()) store1(g.argmax, i, double(first_nan >= 0 ? first_nan : argmax));
   if (g.entropy.present()) store1(g.entropy, i, lse - sbar);
-  if (g.zloss.present()) store1(g.zloss, i, zl);
+  if (g.zloss.present()) store1(g.zloss, i, z_loss_term(k, lse));
   if (g.reduction == int(Reduction::none)) store1(g.loss, i, loss);
 }
 

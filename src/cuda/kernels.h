@@ -19,16 +19,11 @@
 #include <cstdint>
 #include <string>
 
+#include "common/host_device.h"
 #include "cuda/softcap_small.h"
 #include "flce/flce.h"
 
 typedef struct CUstream_st* cudaStream_t;
-
-#ifdef __CUDACC__
-#define FLCE_HOST_DEVICE __host__ __device__
-#else
-#define FLCE_HOST_DEVICE
-#endif
 
 namespace flce::cuda {
 

@@ -19,11 +19,7 @@
 
 #include <cmath>
 
-#if defined(__CUDACC__)
-#define FLCE_HOST_DEVICE __host__ __device__
-#else
-#define FLCE_HOST_DEVICE
-#endif
+#include "common/host_device.h"
 
 namespace flce::cuda {
 

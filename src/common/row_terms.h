@@ -1,0 +1,58 @@
+// A row's loss and the coefficients of its dlogits G (README, Semantics),
+// formed from its lse once the row's tiles are merged: by the cpu backend's
+// merge step (src/cpu/steps.cpp) and by the cuda backend's merge kernel
+// (src/cuda/kernels.cu), both from these functions. The reference backend
+// keeps its own lines, written as the math, so that it stays an independent
+// check of these.
+//
+// Host and device code: plain double arithmetic, no library calls.
+#pragma once
+
+#include "common/host_device.h"
+
+namespace flce {
+
+// The problem's constants in a row's terms.
+struct LossConstants {
+  double e;          // label smoothing
+  double v;          // V, the number of classes
+  double class_sum;  // C = sum_j c_j (V without class weights)
+  double z_loss;     // l
+};
+
+// G_ij = coef_p p_ij + coef_c c_j - [j = y_i] g_loss (1 - e) c_y (+ the
+// entropy term), where g_loss = d objective / d loss_i (0 for an ignored
+// row) and g_lse the lse output's cotangent:
+//   coef_p = g_loss ((1 - e) c_y + (e / V) C + 2 l lse) + g_lse.
+// No loss term where g_loss = 0, as the oracle: 0 (2 l lse) would be NaN for
+// lse = +inf and poison the row's every class.
+FLCE_HOST_DEVICE inline double grad_coef_p(const LossConstants& k, double g_loss, double c_y,
+                                           double lse, double g_lse) {
+  const double loss_p =
+      g_loss == 0 ? 0.0 : g_loss * ((1 - k.e) * c_y + (k.e / k.v) * k.class_sum + 2 * k.z_loss * lse);
+  return loss_p + g_lse;
+}
+
+//   coef_c = -g_loss e / V.
+FLCE_HOST_DEVICE inline double grad_coef_c(const LossConstants& k, double g_loss) {
+  return -g_loss * k.e / k.v;
+}
+
+// The z-loss term l lse^2 (also the zloss output).
+FLCE_HOST_DEVICE inline double z_loss_term(const LossConstants& k, double lse) {
+  return k.z_loss * lse * lse;
+}
+
+// loss_i = t_i (-(1 - e) c_y logp_y - (e / V) sum_j c_j logp_ij + l lse^2),
+// 0 for an ignored row. sum_cs = sum_j c_j s_ij, so that
+// sum_j c_j logp_ij = sum_cs - C lse; the smoothing term is left out at
+// e = 0, where 0 times a NaN or infinite sum would poison the loss.
+FLCE_HOST_DEVICE inline double row_loss(const LossConstants& k, bool ignored, double t_i, double c_y,
+                                        double logp_y, double sum_cs, double lse) {
+  if (ignored) return 0.0;
+  const double sum_clogp = sum_cs - k.class_sum * lse;
+  const double ce = -(1 - k.e) * c_y * logp_y - (k.e > 0 ? (k.e / k.v) * sum_clogp : 0.0);
+  return t_i * (ce + z_loss_term(k, lse));
+}
+
+}  // namespace flce
