@@ -328,6 +328,11 @@ TEST(NpyRead, ParsesZeroSizeShape) {
   ASSERT_EQ(parse_npy(file.data(), file.size(), "X.npy", &out), "");
   EXPECT_EQ(out.shape, (std::vector<int64_t>{4, 0}));
   EXPECT_EQ(out.numel(), 0);
+  // No elements, however large the other dimensions: numel() is 0 without
+  // forming their product (2^64, a signed overflow UBSan stops on).
+  file = make_npy(dict("'<i8'", "False", "(4294967296, 4294967296, 0)"));
+  ASSERT_EQ(parse_npy(file.data(), file.size(), "X.npy", &out), "");
+  EXPECT_EQ(out.numel(), 0);
 }
 
 // ---- Malformed files: each fails with a message naming what is wrong.
@@ -462,6 +467,17 @@ TEST(NpyMalformed, NonIntegerShapeEntry) {
   EXPECT_HAS(header_error(dict("'<f4'", "False", "(None,)")), "shape entry \"None\" is not an integer");
   EXPECT_HAS(header_error(dict("'<f4'", "False", "(L,)")), "shape entry \"L\" is not an integer");
   EXPECT_HAS(header_error(dict("'<f4'", "False", "(3LL,)")), "shape entry \"3LL\" is not an integer");
+}
+
+// Python has no integer literal with a leading zero, so numpy's reader
+// refuses "(010,)"; read as 10 it would accept a file numpy cannot load.
+TEST(NpyMalformed, ShapeEntryWithALeadingZero) {
+  EXPECT_HAS(header_error(dict("'<f4'", "False", "(010, 2)")),
+             "shape entry 010 has a leading zero (not a Python integer)");
+  EXPECT_HAS(header_error(dict("'<f4'", "False", "(00,)")), "shape entry 00 has a leading zero");
+  Bytes file = make_npy(dict("'<f4'", "False", "(0, 10)"));  // a lone 0 is an integer
+  NpyArray out;
+  ASSERT_EQ(parse_npy(file.data(), file.size(), "X.npy", &out), "");
 }
 
 TEST(NpyMalformed, ShapeOverflowsInt64) {

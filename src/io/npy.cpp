@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <new>
 #include <string_view>
 #include <utility>
 
@@ -224,6 +225,8 @@ std::string parse_dim(std::string_view token, int64_t* value) {
   if (!all_digits)
     return "shape entry " + snippet(written) + " is not an integer";
   if (negative) return "shape entry " + shown + " is negative";
+  if (digits.size() > 1 && digits[0] == '0')  // as Python, which numpy's reader is
+    return "shape entry " + shown + " has a leading zero (not a Python integer)";
   int64_t v = 0;
   for (char ch : digits) {
     if (__builtin_mul_overflow(v, 10, &v) ||
@@ -428,6 +431,10 @@ std::string encode(const NpyArray& array, int version,
 }  // namespace
 
 int64_t NpyArray::numel() const {
+  // 0 for any zero dimension, before a product of the others could
+  // overflow (a header may declare (2^32, 2^32, 0)).
+  for (int64_t d : shape)
+    if (d == 0) return 0;
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;
@@ -518,11 +525,17 @@ std::string read_npy(const std::string& path, NpyArray* out) {
   // 1.6x that a growing buffer plus a copy of the data took.
   std::vector<unsigned char> contents;
   struct stat st {};
-  if (::fstat(::fileno(f), &st) == 0 && st.st_size > 0) contents.reserve(size_t(st.st_size));
-  unsigned char chunk[1 << 16];
-  size_t got;
-  while ((got = std::fread(chunk, 1, sizeof chunk, f)) > 0)
-    contents.insert(contents.end(), chunk, chunk + got);
+  try {
+    if (::fstat(::fileno(f), &st) == 0 && st.st_size > 0) contents.reserve(size_t(st.st_size));
+    unsigned char chunk[1 << 16];
+    size_t got;
+    while ((got = std::fread(chunk, 1, sizeof chunk, f)) > 0)
+      contents.insert(contents.end(), chunk, chunk + got);
+  } catch (const std::bad_alloc&) {
+    std::fclose(f);
+    return path + ": cannot read: the file is " + std::to_string(st.st_size) +
+           " bytes, more than this process can allocate";
+  }
   if (std::ferror(f)) {
     int e = errno;  // fclose may change errno
     std::fclose(f);

@@ -116,7 +116,7 @@ bool scan_shape(std::string_view t, std::vector<int64_t>* shape) {
         return false;
       ++pos;
     }
-    if (pos == start) return false;
+    if (pos == start || (pos - start > 1 && t[start] == '0')) return false;  // parse_dim's rules
     if (pos < t.size() && t[pos] == 'L') ++pos;  // Python 2's long suffix
     shape->push_back(v);
     skip();
