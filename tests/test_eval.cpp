@@ -28,6 +28,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <random>
 #include <string>
@@ -760,16 +761,18 @@ TEST_F(EvalErrors, OutputsOfAnEarlierRunAreLeftAndNamed) {
   EXPECT_EQ(twice.err.find("note"), std::string::npos) << twice.err;
 }
 
-// `flce eval ARGS` (with --out), sent `signal` (and a second SIGINT 50 ms
-// later if `twice`) `delay_us` after its temporary output files all appear:
-// whether they appeared, the exit status, stderr.
+// `flce eval ARGS` (with --out), and `meanwhile(pid)` once its temporary
+// output files all appear (SIGKILL if they never do): whether they
+// appeared, the exit status, stderr.
 struct Interrupted {
   bool started = false;
   int status = 0;
   std::string err;
 };
-Interrupted interrupt_eval(const Args& args, const std::string& out, const std::string& err_file,
-                           useconds_t delay_us, bool twice = false, int signal = SIGINT) {
+
+Interrupted eval_and_meanwhile(const Args& args, const std::string& out,
+                               const std::string& err_file,
+                               const std::function<void(pid_t)>& meanwhile) {
   const pid_t pid = spawn_cli(args, err_file);
   Interrupted r;
   if (pid <= 0) return r;
@@ -778,15 +781,25 @@ Interrupted interrupt_eval(const Args& args, const std::string& out, const std::
       r.started |= name.rfind(".argmax.npy.tmp", 0) == 0;
     if (!r.started) ::usleep(10000);
   }
-  if (r.started) ::usleep(delay_us);
-  ::kill(pid, r.started ? signal : SIGKILL);
-  if (r.started && twice) {
-    ::usleep(50000);
-    ::kill(pid, SIGINT);
-  }
+  if (r.started) meanwhile(pid);
+  else ::kill(pid, SIGKILL);
   ::waitpid(pid, &r.status, 0);
   r.err = slurp(err_file);
   return r;
+}
+
+// The eval sent `signal` (and a second SIGINT 50 ms later if `twice`)
+// `delay_us` after its files appear.
+Interrupted interrupt_eval(const Args& args, const std::string& out, const std::string& err_file,
+                           useconds_t delay_us, bool twice = false, int signal = SIGINT) {
+  return eval_and_meanwhile(args, out, err_file, [&](pid_t pid) {
+    ::usleep(delay_us);
+    ::kill(pid, signal);
+    if (twice) {
+      ::usleep(50000);
+      ::kill(pid, SIGINT);
+    }
+  });
 }
 
 // The args of an eval of 20000 rows one at a time (seconds), into `out`.
@@ -809,6 +822,56 @@ TEST_F(EvalErrors, InterruptRemovesTheTemporaryFiles) {
   EXPECT_EQ(WEXITSTATUS(r.status), 2);
   EXPECT_HAS(r.err, "flce eval: error: interrupted by signal 2 at row ");
   EXPECT_TRUE(snapshot_dir(out).empty()) << "temporary files left in --out";
+}
+
+TEST_F(EvalErrors, HangupAndQuitRemoveTheTemporaryFilesToo) {
+  // A closed terminal or ssh session (SIGHUP) and Ctrl+backslash (SIGQUIT) left
+  // full-size temporaries: only SIGINT and SIGTERM were caught.
+  for (int sig : {SIGHUP, SIGQUIT}) {
+    SCOPED_TRACE(sig);
+    const Interrupted r =
+        interrupt_eval(long_eval(tmp, out), out, tmp.file("interrupt_stderr.txt"), 0, false, sig);
+    ASSERT_TRUE(r.started) << "the output files never appeared";
+    ASSERT_TRUE(WIFEXITED(r.status)) << "killed by the signal instead of stopping cleanly";
+    EXPECT_EQ(WEXITSTATUS(r.status), 2);
+    EXPECT_HAS(r.err, "flce eval: error: interrupted by signal " + std::to_string(sig));
+    EXPECT_TRUE(snapshot_dir(out).empty()) << "temporary files left in --out";
+  }
+}
+
+// An input rewritten in place while eval reads it (np.save over the same
+// path): truncated, a read past its new end was a SIGBUS that killed eval
+// with no message and left its temporaries; rewritten at the same size,
+// the outputs silently mixed old and new rows. Either way eval now stops
+// with an error naming the file, and --out is left as it was.
+TEST_F(EvalErrors, AnInputRewrittenDuringTheEvalStopsIt) {
+  const Args args = long_eval(tmp, out);
+  const std::string x = tmp.file("x_long.npy"), y = tmp.file("y_long.npy");
+  const Bytes x_bytes = flce_test::read_bytes(x), y_bytes = flce_test::read_bytes(y);
+  struct Case {
+    const char* what;
+    std::string path, flag;
+    Bytes replacement;
+  };
+  Bytes x_other = x_bytes;  // the same size, other values
+  for (size_t k = x_other.size() / 2; k < x_other.size(); ++k) x_other[k] ^= 0x40;
+  const std::vector<Case> cases = {
+      {"x truncated", x, "--x", Bytes(x_bytes.begin(), x_bytes.begin() + 256)},
+      {"x rewritten at its size", x, "--x", x_other},
+      {"labels truncated", y, "--labels", Bytes(y_bytes.begin(), y_bytes.begin() + 200)},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const Interrupted r = eval_and_meanwhile(args, out, tmp.file("rewrite_stderr.txt"),
+                                             [&](pid_t) { write_bytes(c.path, c.replacement); });
+    ASSERT_TRUE(r.started) << "the output files never appeared";
+    ASSERT_TRUE(WIFEXITED(r.status)) << "killed by signal " << WTERMSIG(r.status) << "; " << r.err;
+    EXPECT_EQ(WEXITSTATUS(r.status), 2) << r.err;
+    EXPECT_HAS(r.err, "flce eval: error: " + c.flag + ": " + c.path + ": changed while it was read");
+    EXPECT_TRUE(snapshot_dir(out).empty()) << "temporary files left in --out";
+    write_bytes(x, x_bytes);
+    write_bytes(y, y_bytes);
+  }
 }
 
 TEST_F(EvalErrors, TheNextEvalRemovesWhatAKilledOneLeft) {

@@ -102,6 +102,10 @@ struct Inputs {
   int64_t ignored = 0;        // rows whose label is ignore_index
 };
 
+// Below, with the other signal handling: a file that shrinks under its
+// mapping ends eval with a message naming `flag` instead of a bare SIGBUS.
+void watch_for_bus_errors(const io::NpyMap& map, const std::string& flag);
+
 void open_inputs(const Args& args, const Options& options, Inputs& in) {
   int layout = 0;
   check(args.get_choice("dtype", {"f32", "bf16", "f16"}, &in.storage));
@@ -109,6 +113,7 @@ void open_inputs(const Args& args, const Options& options, Inputs& in) {
   in.layout = WeightLayout(layout);
 
   if (auto e = in.x.open(args.get("x")); !e.empty()) throw Failure{"--x: " + e};
+  watch_for_bus_errors(in.x, "--x");
   const std::vector<int64_t>& xs = in.x.shape();
   if (!dtype_is_float(in.x.dtype()))
     throw Failure{where(args, "x") + ": dtype " + dtype_name(in.x.dtype()) +
@@ -144,6 +149,7 @@ void open_inputs(const Args& args, const Options& options, Inputs& in) {
   }
 
   if (auto e = in.labels.open(args.get("labels")); !e.empty()) throw Failure{"--labels: " + e};
+  watch_for_bus_errors(in.labels, "--labels");
   const Dtype ly = in.labels.dtype();
   if (ly != Dtype::i32 && ly != Dtype::i64)
     throw Failure{where(args, "labels") + ": dtype " + dtype_name(ly) +
@@ -269,12 +275,12 @@ void throw_if_interrupted(const std::string& where) {
                   "; --out left as it was"};
 }
 
+// Ctrl-C, kill's default, a closed terminal (SIGHUP) and Ctrl-\.
 void catch_interrupts() {
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaction(sig, &sa, nullptr);
 }
 
 // Adds `path` to the handler's list.
@@ -283,6 +289,47 @@ void remove_on_second_signal(const std::string& path) {
   std::memcpy(g_tmp_paths[g_tmp_count], path.c_str(), path.size() + 1);
   std::atomic_signal_fence(std::memory_order_seq_cst);  // the path before the count
   g_tmp_count = g_tmp_count + 1;
+}
+
+// The mapped inputs, for on_bus_error: a read past the new end of a file
+// that another process truncated (np.save over it) is a SIGBUS at an
+// address inside its mapping. Messages are made ahead, as the handler may
+// only write them (write, unlink and _exit are async-signal-safe).
+struct WatchedMap {
+  const io::NpyMap* map;
+  char message[PATH_MAX + 160];
+  size_t length;
+};
+WatchedMap g_watched[2];
+volatile sig_atomic_t g_watched_count = 0;
+
+void on_bus_error(int sig, siginfo_t* info, void*) {
+  for (int k = 0; k < g_watched_count; ++k) {
+    if (!g_watched[k].map->maps(info->si_addr)) continue;
+    (void)!::write(STDERR_FILENO, g_watched[k].message, g_watched[k].length);
+    for (int t = 0; t < g_tmp_count; ++t) ::unlink(g_tmp_paths[t]);
+    ::_exit(2);
+  }
+  ::signal(sig, SIG_DFL);  // not a mapped input's: the access faults again, as it would have
+}
+
+void watch_for_bus_errors(const io::NpyMap& map, const std::string& flag) {
+  if (g_watched_count >= 2) return;
+  WatchedMap& w = g_watched[g_watched_count];
+  w.map = &map;
+  const char* after_bar = ::isatty(STDERR_FILENO) == 1 ? "\n" : "";  // a progress bar's line
+  const std::string text = after_bar + std::string("flce eval: error: ") + flag + ": " + map.path() +
+                           ": changed while it was read (truncated: a read past its new end "
+                           "raised SIGBUS); --out left as it was\n";
+  w.length = std::min(text.size(), sizeof w.message);
+  std::memcpy(w.message, text.data(), w.length);
+  std::atomic_signal_fence(std::memory_order_seq_cst);  // the entry before the count
+  g_watched_count = g_watched_count + 1;
+  struct sigaction sa {};
+  sa.sa_sigaction = on_bus_error;
+  sa.sa_flags = SA_SIGINFO;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGBUS, &sa, nullptr);
 }
 
 // The per-token output files, under temporary names until commit().
@@ -526,6 +573,13 @@ int eval(const Args& args) {
       t.sum_entropy += entropy[size_t(i)];
       t.correct += argmax[size_t(i)] == label;
     }
+    // What this block read was the file as opened (a rewrite of the same
+    // size would otherwise mix old and new rows silently).
+    for (const io::NpyMap* m : {&in.x, &in.labels})
+      if (auto e = m->changed(); !e.empty())
+        throw Failure{std::string(m == &in.x ? "--x: " : "--labels: ") + e +
+                      " at row " + std::to_string(r0) + " of " + std::to_string(N) +
+                      "; --out left as it was"};
     t.rows += b;
     if (outputs) {
       for (const std::string& e : {write_real(outputs->logprob(), r0, b, logprob),

@@ -177,34 +177,42 @@ std::string parse_npy_header(const unsigned char* data, size_t size, const std::
 
 // ---- NpyMap ----
 
+namespace {
+
+int64_t mtime_ns(const struct stat& st) {
+  return int64_t(st.st_mtim.tv_sec) * 1000000000 + int64_t(st.st_mtim.tv_nsec);
+}
+
+}  // namespace
+
 std::string NpyMap::open(const std::string& path) {
   close();
   path_ = path;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return path + ": cannot open: " + std::strerror(errno);
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0) return path + ": cannot open: " + std::strerror(errno);
   struct stat st;
-  if (::fstat(fd, &st) != 0) {
+  if (::fstat(fd_, &st) != 0) {
     const int e = errno;
-    ::close(fd);
+    close();
     return path + ": cannot read: " + errno_text(e);
   }
   if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
+    close();
     return path + ": cannot read: " +
            (S_ISDIR(st.st_mode) ? errno_text(EISDIR) : std::string("not a regular file"));
   }
+  mtime_ns_ = mtime_ns(st);
   size_ = size_t(st.st_size);
   if (size_ > 0) {
-    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd_, 0);
     if (p == MAP_FAILED) {
       const int e = errno;
-      ::close(fd);
       size_ = 0;
+      close();
       return path + ": cannot map: " + errno_text(e);
     }
     base_ = static_cast<unsigned char*>(p);
   }
-  ::close(fd);  // the mapping keeps the file
   static const unsigned char kNothing[1] = {0};
   std::string err = parse_npy_header(base_ ? base_ : kNothing, size_, path, &header_);
   if (!err.empty()) close();
@@ -213,6 +221,8 @@ std::string NpyMap::open(const std::string& path) {
 
 void NpyMap::close() {
   if (base_ != nullptr) ::munmap(base_, size_);
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
   base_ = nullptr;
   size_ = 0;
   released_ = 0;
@@ -231,6 +241,23 @@ void NpyMap::release_before(size_t end) {
   const size_t stop = std::min(header_.data_offset + end, size_) / page * page;
   if (stop <= released_) return;
   if (::madvise(base_ + released_, stop - released_, MADV_DONTNEED) == 0) released_ = stop;
+}
+
+std::string NpyMap::changed() const {
+  if (fd_ < 0) return "";
+  struct stat st;
+  if (::fstat(fd_, &st) != 0) return path_ + ": cannot read: " + errno_text(errno);
+  if (size_t(st.st_size) != size_)
+    return path_ + ": changed while it was read (" + std::to_string(size_) + " bytes, now " +
+           std::to_string(st.st_size) + ")";
+  if (mtime_ns(st) != mtime_ns_)
+    return path_ + ": changed while it was read (rewritten: its modification time moved)";
+  return "";
+}
+
+bool NpyMap::maps(const void* address) const {
+  const auto* a = static_cast<const unsigned char*>(address);
+  return base_ != nullptr && a >= base_ && a < base_ + size_;
 }
 
 // ---- NpyOutFile ----

@@ -73,10 +73,20 @@ class NpyMap {
   // without it the second scan's pages stayed resident, 8 bytes a row).
   void rescan() { released_ = 0; }
 
+  // "" while the file is as it was opened, else a message starting with the
+  // path: another process changed its size or its modification time. A
+  // mapping shows such a change (a dropped page reads back the new bytes;
+  // one past a new end is a SIGBUS), so a long scan checks between blocks.
+  std::string changed() const;
+  // Whether `address` lies in the mapping (for a SIGBUS handler).
+  bool maps(const void* address) const;
+
  private:
   unsigned char* base_ = nullptr;  // the mapping; nullptr for an empty file
   size_t size_ = 0;                // file size = mapping length
   size_t released_ = 0;            // file bytes [0, released_) were dropped
+  int fd_ = -1;                    // kept open for changed()
+  int64_t mtime_ns_ = 0;           // the modification time when opened
   NpyHeader header_;
   std::string path_;
 };
