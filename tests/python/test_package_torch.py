@@ -282,7 +282,7 @@ def test_gradients_computed_in_forward(dtype, monkeypatch):
     loss, xa, wa, ba = _step(x, w, b, y)
     flce.testing.assert_close({"loss": loss.detach(), "grad_x": xa.grad, "grad_w": wa.grad,
                                "grad_bias": ba.grad}, x, w, y, bias=b)
-    for scale in (1.0, 4.0, -0.5, 2.0 ** -20, 2.0 ** 16, 0.0):  # 0: exact, no warning either
+    for scale in (1.0, 4.0, -0.5, 2.0 ** -20, 2.0 ** 16):
         _, xs, ws, bs = _step(x, w, b, y, scale)
         want = flce.loss_and_grad(x, w, y, bias=b, grad_loss=scale, grad_dtype="input",
                                   backend="cpu")
@@ -299,6 +299,23 @@ def test_gradients_computed_in_forward(dtype, monkeypatch):
         flce.testing.assert_close({"grad_x": xs.grad, "grad_w": ws.grad, "grad_bias": bs.grad},
                                   x, w, y, bias=b, grad_loss=scale)
     assert len(calls) == (0 if dtype == torch.float32 else 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_a_zero_or_non_finite_grad_loss_recomputes(dtype):
+    # 0, inf and NaN times the unit gradients gave NaN where the gradient for
+    # that grad_loss is 0 (the ignored rows 1 and 6 of grad_x); they are
+    # recomputed, with no warning: the bits of grads_in_forward=False.
+    x, w, b, y, _, _ = make(dtype, {}, seed=23)
+    for scale in (0.0, float("inf"), float("nan")):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = _step(x, w, b, y, scale)
+        want = _step(x, w, b, y, scale, grads_in_forward=False)
+        for g, e in zip(got[1:], want[1:]):
+            torch.testing.assert_close(g.grad, e.grad, rtol=0, atol=0, equal_nan=True,
+                                       msg=lambda m: f"grad_loss {scale}: {m}")
+        assert torch.equal(got[1].grad[[1, 6]], torch.zeros(2, H, dtype=dtype)), scale
 
 
 def test_float16_gradients_are_not_computed_in_forward(monkeypatch):
@@ -356,6 +373,32 @@ def test_no_double_backward_and_no_weight_gradients():
                              requires_grad=True)
         with pytest.raises(ValueError, match=f"^{name}: requires grad"):
             linear_cross_entropy(xl, w, y, **{name: weights})
+        with torch.no_grad():  # an evaluation loop over a learned weight: no gradient asked
+            got = linear_cross_entropy(xl, w, y, **{name: weights})
+        assert torch.equal(got, linear_cross_entropy(x, w, y, **{name: weights.detach()}))
+
+
+def test_no_batched_backward():
+    # is_grads_batched (jacobian(vectorize=True)) hands backward a batch of
+    # cotangents flce cannot read: a clear error, not torch's internal one.
+    x, w, b, y, _, _ = make(torch.float64, {}, seed=24)
+    xl = x.clone().requires_grad_(True)
+    loss = linear_cross_entropy(xl, w, y, reduction="none")
+    with pytest.raises(RuntimeError, match="no batched backward"):
+        torch.autograd.grad(loss, xl, torch.eye(N, dtype=torch.float64), is_grads_batched=True)
+
+
+def test_16_bit_weights_are_taken_as_float32():
+    # As a bf16 model gives them: token weights (a mask) and class weights
+    # in bfloat16 or float16 are converted, not refused.
+    x, w, b, y, _, _ = make(torch.float32, {}, seed=25)
+    tw, cw = torch.rand(N) + 0.5, torch.rand(V) + 0.5
+    for dtype in (torch.bfloat16, torch.float16):
+        tw16, cw16 = tw.to(dtype), cw.to(dtype)
+        got = linear_cross_entropy(x, w, y, b, token_weights=tw16, class_weights=cw16)
+        want = linear_cross_entropy(x, w, y, b, token_weights=tw16.float(),
+                                    class_weights=cw16.float())
+        assert torch.equal(got, want), dtype
 
 
 def test_module_cast_to_bfloat16_keeps_float_class_weights():

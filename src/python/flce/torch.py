@@ -85,6 +85,17 @@ def _in_param_dtypes(r, wanted, x, w, bias):
     return out
 
 
+def _is_batched(t):
+    """Whether t is a vmap batch of cotangents (torch's BatchedTensor, legacy
+    or functorch's), whose storage flce cannot read."""
+    if t is None:
+        return False
+    try:
+        return "Batched" in str(torch._C._dispatch_keys(t))
+    except AttributeError:  # a torch without the call: let flce's own error speak
+        return False
+
+
 def _power_of_two(value):
     """Whether value is +-2^k: scaling by it is exact (where nothing over- or
     underflows), so g * value has the bits flce gives for that grad_loss."""
@@ -169,6 +180,10 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
         if torch.is_grad_enabled():
             raise RuntimeError("flce.torch: no double backward (create_graph=True): flce's "
                                "gradients are not differentiable")
+        if any(_is_batched(g) for g in (grad_loss, grad_lse, grad_entropy)):
+            raise RuntimeError("flce.torch: no batched backward (is_grads_batched=True, vmap, "
+                               "jacobian(vectorize=True)): flce takes one cotangent per call; "
+                               "loop over them (vectorize=False)")
         return LinearCrossEntropyFunction._gradients(ctx, grad_loss, grad_lse, grad_entropy)
 
     @staticmethod
@@ -184,18 +199,21 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
         unit, ctx.unit_grads = ctx.unit_grads, None
         if unit is not None and grad_lse is None and grad_entropy is None:
             scale = float(grad_loss)  # 0-d: mean or sum
-            # A power of two or 0 scales exactly, and inf or NaN gives what
-            # a recomputation would; float32 and float64 gradients take any
-            # other scale at one more rounding of their own.
+            # A power of two scales exactly; float32 and float64 gradients
+            # take any other finite scale at one more rounding of their own.
+            # 0, inf and NaN recompute: times a unit gradient of inf (or 0)
+            # they give NaN where flce's gradient for that grad_loss, as
+            # PyTorch's, is 0 (an ignored row's).
             wide = all(g is None or g.dtype in (torch.float32, torch.float64) for g in unit)
-            exact = scale == 0 or _power_of_two(scale) or not math.isfinite(scale)
-            if exact or wide:
-                grads = [g if g is None or scale == 1.0 else g.mul_(scale) for g in unit]
-                return tuple(grads) + (None,) * 4
-            warnings.warn(f"flce.torch: the loss was differentiated by {scale:g}, not a power of "
-                          "two, so the 16-bit gradients computed in forward would be rounded "
-                          "twice and backward computes them again; scale the loss by a power "
-                          "of two, or pass grads_in_forward=False", stacklevel=2)
+            if scale != 0 and math.isfinite(scale):
+                if _power_of_two(scale) or wide:
+                    grads = [g if g is None or scale == 1.0 else g.mul_(scale) for g in unit]
+                    return tuple(grads) + (None,) * 4
+                warnings.warn(f"flce.torch: the loss was differentiated by {scale:g}, not a "
+                              "power of two, so the 16-bit gradients computed in forward would "
+                              "be rounded twice and backward computes them again; scale the "
+                              "loss by a power of two, or pass grads_in_forward=False",
+                              stacklevel=1)  # no user frame runs a backward
         if grad_loss is None:  # flce reads an absent grad_loss as ones
             grad_loss = torch.zeros(ctx.loss_shape, dtype=lse.dtype, device=lse.device)
         r = flce.backward(x, w, labels, lse, bias=bias, token_weights=token_weights,
@@ -316,12 +334,19 @@ def linear_cross_entropy(x, W, y, bias=None, *, class_weights=None, token_weight
                          f"y's flattened ({math.prod(rows)},)")
     tw = None if tw is None else tw.reshape(-1)
     cw = None if class_weights is None else _tensor("class_weights", class_weights)
-    for name, weights in (("token_weights", tw), ("class_weights", cw)):
-        if weights is not None and weights.requires_grad:
+    weights = {"token_weights": tw, "class_weights": cw}
+    for name, t in weights.items():
+        if t is None:
+            continue
+        if t.requires_grad and torch.is_grad_enabled():
             raise ValueError(f"{name}: requires grad, but flce computes no gradient for "
                              f"weights (pass {name}.detach())")
-    if cw is not None and cw.dtype not in (torch.float32, torch.float64):
-        cw = cw.float()  # e.g. a module buffer that .bfloat16() converted
+        # Detached under no_grad (an evaluation loop over a learned weight);
+        # 16-bit ones made float32 (a bf16 model's mask, a module buffer that
+        # .bfloat16() converted): flce takes weights in float32 or float64.
+        t = t.detach()
+        weights[name] = t if t.dtype in (torch.float32, torch.float64) else t.float()
+    tw, cw = weights["token_weights"], weights["class_weights"]
     if w_layout == "hv" and W.dim() == 2 and W.t().is_contiguous():
         # W given as [H, V] over a row-major [V, H] (lm_head.weight.t()): that
         # [V, H] itself, without a copy (and on an H100 the fused kernels, which
