@@ -390,7 +390,7 @@ std::vector<double> filter_allowance(const DenseProblem& d, const BruteForce& x,
 
 // Section 7: the parameter gradients (or grad_logits).
 void gradient_bounds(const DenseProblem& d, const BruteForce& x, const Precision& pr,
-                     double floor, Bounds* b) {
+                     const RowTerms& t, double floor, Bounds* b) {
   const double ua = pr.u_accum, uo = pr.u_out;
   // G as cast (u_g) for the GEMMs or for a 16-bit grad_logits: dG'.
   std::vector<double> dg(d.n * d.v);
@@ -422,7 +422,7 @@ void gradient_bounds(const DenseProblem& d, const BruteForce& x, const Precision
     }
   }
   if (pr.filter_eps > 0) {
-    const std::vector<double> dropped = filter_allowance(d, x, pr.filter_eps, ua, dg, b->lse);
+    const std::vector<double> dropped = filter_allowance(d, x, pr.filter_eps, ua, dg, t.dlse);
     for (int64_t ij = 0; ij < d.n * d.v; ++ij) for_x[ij] += dropped[ij], for_w[ij] += dropped[ij];
   }
   b->grad_x.assign(d.n * d.h, 0.0);
@@ -475,7 +475,7 @@ Bounds error_bounds(const DenseProblem& d, const BruteForce& x, const Precision&
   const RowTerms t = row_bounds(d, x, pr, floor, &b);
   loss_bounds(d, x, pr, t, floor, &b);
   dlogits_bounds(d, x, pr, t, &b);
-  gradient_bounds(d, x, pr, floor, &b);
+  gradient_bounds(d, x, pr, t, floor, &b);
   b.objective = objective_bound(d, x, b, pr.u_accum);
   return b;
 }
