@@ -60,6 +60,18 @@ def test_loss_and_grad_agrees_with_the_oracle(name, dtype, grad_logits):
     flce.testing.assert_close(cpu(r), x, w, y, bias=b, grad_cast=cast, **opts)
 
 
+def test_assert_close_takes_cuda_inputs_and_outputs_as_they_are():
+    # The example's pattern (examples/gpu_kernel_test): inputs and the
+    # candidate's outputs on the GPU, handed over as they are; the reference
+    # reads host memory, so flce.testing copies them (it declined before).
+    inputs = flce.testing.adversarial_inputs("ignored_rows_index_0", bias=True, like="torch")
+    on_gpu = {k: v.to(DEV) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    r = flce.loss_and_grad(**on_gpu, outputs="all", backend="cuda")
+    assert r.backend == "cuda"
+    report = flce.testing.assert_close(r, **on_gpu)
+    assert set(report) >= {"loss", "lse", "grad_x", "grad_w", "grad_bias"}
+
+
 @pytest.mark.parametrize("name", ["everything", "defaults"])
 def test_stashed_scores_agree_with_the_oracle(name, monkeypatch):
     # Tiles of 300 x 64 and blocks of 300 x 128: grad_W's 480,000 bytes

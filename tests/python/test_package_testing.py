@@ -242,6 +242,40 @@ def test_torch_outputs_and_unknown_names():
         ft.assert_close({"logits": r.loss}, **inp)
 
 
+def test_a_check_of_nothing_or_of_none_is_an_error():
+    # {} passed, checking nothing; a candidate's None output was not checked.
+    inp = _problem()
+    r = flce.loss_and_grad(**inp)
+    with pytest.raises(ValueError, match="no outputs to check"):
+        ft.assert_close({}, **inp)
+    with pytest.raises(ValueError, match=r"\['grad_x'\] are None"):
+        ft.assert_close({"loss": r.loss, "grad_x": None}, **inp)
+
+
+def test_each_failure_says_which_dtype_the_output_was_checked_as():
+    # A numpy float32 scalar is a float32 output (it was read as float64,
+    # with a 2^29 times tighter output rounding); a Python number (.item())
+    # is a float64 one, and the line says so.
+    inp = _problem()
+    r = flce.forward(**inp)
+    loss32 = np.float32(r.loss)
+    report = ft.assert_close({"loss": loss32}, **inp)
+    assert 0 <= report["loss"] <= 1
+    assert ft.assert_close({"loss": loss32}, **inp) == ft.assert_close({"loss": r.loss}, **inp)
+    with pytest.raises(AssertionError, match=r"worst at \[\].*\(checked as a float64 output\)"):
+        ft.assert_close({"loss": float(r.loss) * (1 + 1e-3)}, **inp)
+    with pytest.raises(AssertionError, match=r"\(checked as a float32 output\)"):
+        ft.assert_close({"loss": np.float32(float(r.loss) * (1 + 1e-3))}, **inp)
+
+
+def test_bounds_default_to_float32_outputs_where_a_dict_is_silent():
+    inp = _problem()
+    one = ft.bounds(**inp, out_dtype="float32")[1]
+    some = ft.bounds(**inp, out_dtype={"loss": "float32"})[1]
+    for name in ("lse", "entropy", "grad_x"):
+        np.testing.assert_array_equal(some[name], one[name], err_msg=name)
+
+
 @pytest.mark.parametrize("magnitude", [100.0, 1000.0])
 def test_large_logits_have_the_asked_magnitude(magnitude):
     inp = ft.make_inputs(n=64, h=32, v=256, kind="large", magnitude=magnitude, dtype="float64")

@@ -29,6 +29,7 @@ C = 1.0  # |actual - expected| <= C * bound (tolerance.h, section 9)
 
 _OUTPUTS = ("loss", "lse", "logprob", "argmax", "entropy", "zloss")
 _GRADS = ("grad_x", "grad_w", "grad_bias", "grad_logits")
+_DTYPE_NAMES = {"f64": "float64", "f32": "float32", "bf16": "bfloat16", "f16": "float16"}
 _U = {"float64": "f64", "f64": "f64", "float32": "f32", "f32": "f32", "bfloat16": "bf16",
       "bf16": "bf16", "float16": "f16", "f16": "f16"}
 
@@ -124,7 +125,7 @@ def bounds(x=None, w=None, labels=None, *, logits=None, bias=None, token_weights
             ["grad_logits"] if logits is not None
             else ["grad_x", "grad_w"] + (["grad_bias"] if bias is not None else []))
     dts = out_dtype if isinstance(out_dtype, dict) else {o: out_dtype for o in outputs}
-    u_out = {o: _unit(dts.get(o, "float64"), o) for o in outputs if o != "argmax"}
+    u_out = {o: _unit(dts.get(o, "float32"), o) for o in outputs if o != "argmax"}
     expected, bnd, _ = _evaluate(locals(), outputs, u_out, None)
     return expected, bnd
 
@@ -150,7 +151,17 @@ def assert_close(actual, x=None, w=None, labels=None, *, logits=None, bias=None,
     unknown = [k for k in got if k not in _OUTPUTS + _GRADS]
     if unknown:
         raise ValueError(f"actual: {unknown} are not outputs of flce")
-    u_out = {k: _unit(_arrays.dtype_of(v) or "f64", k) for k, v in got.items() if k != "argmax"}
+    missing = [k for k, v in got.items() if v is None]
+    if missing:
+        raise ValueError(f"actual: {missing} are None (a candidate's missing outputs?)")
+    if not got:
+        raise ValueError("actual: no outputs to check (a check of nothing cannot fail)")
+    # Each output's u_o from its dtype; a Python number is a float64 output
+    # (one that went through .item() has lost its own dtype: the failure
+    # line says which dtype each output was checked as).
+    out_dt = {k: _arrays.dtype_of(np.asarray(v) if isinstance(v, np.generic) else v) or "f64"
+              for k, v in got.items() if k != "argmax"}
+    u_out = {k: _unit(dt, k) for k, dt in out_dt.items()}
     argmax = _int_array(got["argmax"]) if "argmax" in got else None
     expected, bnd, failures = _evaluate(locals(), list(got), u_out, argmax)
     report = {}
@@ -158,6 +169,7 @@ def assert_close(actual, x=None, w=None, labels=None, *, logits=None, bias=None,
         if name not in got or name == "argmax":
             continue
         ok, line, ratio = compare(name, _arrays.to_float64(got[name]), expected[name], bnd[name])
+        line += f" (checked as a {_DTYPE_NAMES[out_dt[name]]} output)"
         report[name] = ratio
         if not ok:
             failures.append(line)
@@ -179,13 +191,21 @@ def _vocab(logits, w, w_layout):
                                                           w_layout == "hv" else 0]
 
 
+def _on_host(obj):
+    """A torch tensor on a GPU copied to the host (the reference backend
+    reads host memory); anything else as it is."""
+    if _arrays.is_torch(obj) and obj.device.type != "cpu":
+        return obj.detach().cpu()
+    return obj
+
+
 def _evaluate(args, names, u_out, argmax):
     """The oracle's values, the bounds of `names`, and argmax failures."""
     grads = [g for g in _GRADS if g in names]
-    problem = {k: args[k] for k in (
+    problem = {k: _on_host(args[k]) for k in (
         "x", "w", "labels", "logits", "bias", "token_weights", "class_weights", "logit_scale",
         "softcap", "ignore_index", "label_smoothing", "z_loss", "reduction", "w_layout")}
-    cot = {k: args[k] for k in ("grad_loss", "grad_lse", "grad_entropy")}
+    cot = {k: _on_host(args[k]) for k in ("grad_loss", "grad_lse", "grad_entropy")}
     if grads:
         oracle = _loss_and_grad(**problem, **cot, outputs="all", grads=grads,
                                 out_dtype="float64", grad_dtype="float64", backend="reference")
@@ -434,6 +454,7 @@ ADVERSARIAL_CASES = {
     "peaky_zipf_1.1": {"kind": "peaky", "zipf": 1.1},
     "peaky_zipf_2": {"kind": "peaky", "zipf": 2.0},
     "ignored_rows": {"ignore_fraction": 0.3},
+    "ignored_rows_index_0": {"ignore_fraction": 0.3, "ignore_index": 0},  # not -100 hard-coded
     "all_ignored": {"ignore_fraction": 1.0},
     "vocab_511": {"v": 511},
     "vocab_512": {"v": 512},
