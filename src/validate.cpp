@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/number_text.h"
 #include "common/tensor_access.h"
 
 namespace flce {
@@ -143,13 +144,16 @@ std::string check_inputs(const Problem& p, Dims* d) {
 
 std::string check_options(const Options& o) {
   if (!(std::isfinite(o.logit_scale) && o.logit_scale > 0))
-    return format("logit_scale = %g: must be finite and > 0", o.logit_scale);
+    return format("logit_scale = %s: must be finite and > 0",
+                  number_text(o.logit_scale).c_str());
   if (!(std::isfinite(o.softcap) && o.softcap >= 0))
-    return format("softcap = %g: must be finite and >= 0 (0 turns the softcap off)", o.softcap);
+    return format("softcap = %s: must be finite and >= 0 (0 turns the softcap off)",
+                  number_text(o.softcap).c_str());
   if (!(o.label_smoothing >= 0 && o.label_smoothing <= 1))
-    return format("label_smoothing = %g: must be in [0, 1]", o.label_smoothing);
+    return format("label_smoothing = %s: must be in [0, 1]",
+                  number_text(o.label_smoothing).c_str());
   if (!(std::isfinite(o.z_loss) && o.z_loss >= 0))
-    return format("z_loss = %g: must be finite and >= 0", o.z_loss);
+    return format("z_loss = %s: must be finite and >= 0", number_text(o.z_loss).c_str());
   if (o.reduction != Reduction::none && o.reduction != Reduction::sum &&
       o.reduction != Reduction::mean)
     return format("reduction: value %d is not none, sum or mean", int(o.reduction));
@@ -158,9 +162,9 @@ std::string check_options(const Options& o) {
     return format("grad_logits_dtype: value %d is neither f32 nor storage",
                   int(o.grad_logits_dtype));
   if (!(o.filter_eps == kFilterEpsAuto || (std::isfinite(o.filter_eps) && o.filter_eps >= 0)))
-    return format("filter_eps = %g: must be finite and >= 0 (0 turns filtering off), or "
+    return format("filter_eps = %s: must be finite and >= 0 (0 turns filtering off), or "
                   "kFilterEpsAuto (-1) for the storage dtype's epsilon / 32",
-                  o.filter_eps);
+                  number_text(o.filter_eps).c_str());
   return "";
 }
 
@@ -183,7 +187,8 @@ std::string check_values(const Problem& p, const Dims& d) {
     for (int64_t i = 0; i < t->shape[0]; ++i) {
       const double w = load(*t, i);
       if (!(std::isfinite(w) && w >= 0))
-        return format("%s[%lld] = %g: weights must be finite and >= 0", name, (long long)i, w);
+        return format("%s[%lld] = %s: weights must be finite and >= 0", name, (long long)i,
+                      number_text(w).c_str());
     }
   }
   return "";

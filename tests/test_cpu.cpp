@@ -130,6 +130,16 @@ TEST(CpuBasics, DeclinesAScaleOrSoftcapOutsideFloat32WithAReason) {
       EXPECT_EQ(run_library(c.problem(), c.storage(), rq).status.backend, "reference");
     }
   }
+  // Just below the range's end, the message tells the value from the end
+  // ("%g" printed both as 1.17549e-38; FLT_MIN as a double takes 17 digits).
+  Case below = head(3, 4, 5).logit_scale(std::nextafter(double(FLT_MIN), 0.0));
+  Request rq;
+  rq.config = cpu();
+  const Outputs declined = run_library(below.problem(), below.storage(), rq);
+  EXPECT_NE(declined.status.error.find("logit_scale = 1.1754943508222874e-38 is outside "
+                                       "float32's normal range [1.1754943508222875e-38, "
+                                       "3.4028234663852886e+38]"),
+            std::string::npos) << declined.status.error;
   // The ends of the softcap's range (k and 1/k normal) are taken, and the
   // forward agrees with the oracle (the policy's gradient bounds are NaN at
   // these ends).

@@ -678,7 +678,11 @@ TEST_F(ValidationOptions, Softcap) {
 }
 
 TEST_F(ValidationOptions, LabelSmoothing) {
-  for (OptionCase c : {OptionCase{-0.1, "-0.1"}, {1.5, "1.5"}, {kNaN, "nan"}, {kInf, "inf"}}) {
+  // 1.0000001 printed with "%g"'s 6 digits read "label_smoothing = 1: must
+  // be in [0, 1]"; a value keeps the digits that tell it apart.
+  for (OptionCase c : {OptionCase{-0.1, "-0.1"}, {1.5, "1.5"}, {kNaN, "nan"}, {kInf, "inf"},
+                       {1.0000001, "label_smoothing = 1.0000001: must be in [0, 1]"},
+                       {std::nextafter(1.0, 2.0), "= 1.0000000000000002:"}}) {
     SCOPED_TRACE(c.shown);
     Problem p = train();
     p.options.label_smoothing = c.value;

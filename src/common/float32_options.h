@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <string>
 
+#include "common/number_text.h"
 #include "flce/flce.h"
 
 namespace flce {
@@ -30,11 +31,12 @@ inline std::string float32_options_problem(const Options& o, const char* backend
   for (const auto& s : scalars) {
     if (s.zero_is_off && s.value == 0) continue;
     if (s.value >= FLT_MIN && s.value <= s.most) continue;
-    char text[240];
+    char text[320];
     std::snprintf(text, sizeof text,
-                  "%s = %g is outside %s [%g, %g], in which the %s backend computes (the "
+                  "%s = %s is outside %s [%s, %s], in which the %s backend computes (the "
                   "reference backend takes it)",
-                  s.name, s.value, s.range, double(FLT_MIN), s.most, backend);
+                  s.name, number_text(s.value).c_str(), s.range, number_text(FLT_MIN).c_str(),
+                  number_text(s.most).c_str(), backend);
     return text;
   }
   return "";
