@@ -220,6 +220,18 @@ TEST_F(CliCommands, HelpVersionAndBackends) {
   EXPECT_NE(r.out.find("usage: flce backends"), std::string::npos) << r.out;
 }
 
+TEST_F(CliCommands, OneDnnHasBf16OnlyWithBf16DotProducts) {
+  // Capped at plain AVX-512, oneDNN answers bf16 with an emulating gemm:jit,
+  // which flce took for native bf16 (slower than converting to f32).
+  const Result native = run({"backends"});
+  if (native.out.find("onednn") == std::string::npos) GTEST_SKIP() << "no oneDNN in this build";
+  const Result capped = run({"backends"}, "ONEDNN_MAX_CPU_ISA=AVX512_CORE");
+  ASSERT_EQ(capped.code, 0) << capped.err;
+  EXPECT_NE(capped.out.find("onednn"), std::string::npos) << capped.out;
+  EXPECT_EQ(capped.out.find("bf16: gemm:jit"), std::string::npos) << capped.out;
+  EXPECT_NE(capped.out.find(", no bf16"), std::string::npos) << capped.out;
+}
+
 TEST_F(CliCommands, BadCommands) {
   Result r = run({});
   EXPECT_NE(r.code, 0);

@@ -139,6 +139,9 @@ matmul::primitive_desc make_pd(const GemmArgs& g, const memory::desc& a_md, cons
                                const memory::desc& c_md) {
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  // f32 products in f32 whatever ONEDNN_DEFAULT_FPMATH_MODE says (bf16 or
+  // tf32 there would make the f32 engine a lower-precision one unasked).
+  attr.set_fpmath_mode(dnnl::fpmath_mode::strict);
   if (g.beta != 0.0f) {
     dnnl::post_ops ops;
     ops.append_sum(g.beta);
@@ -310,8 +313,15 @@ const std::string& bf16_impl() {
   return impl;
 }
 
-// Whether oneDNN has a real (not reference) bf16 kernel on this CPU.
-bool probe_bf16() { return !bf16_impl().empty() && bf16_impl().rfind("ref", 0) != 0; }
+// Whether oneDNN has a native bf16 kernel here: not its reference one, and
+// an ISA (after ONEDNN_MAX_CPU_ISA) with bf16 dot products. On plain
+// AVX-512 (Skylake to Ice Lake) it emulates bf16 in gemm:jit, several times
+// slower than converting to f32 (README, "GEMM engines"): there bf16 is left
+// to that conversion.
+bool probe_bf16() {
+  const unsigned isa = unsigned(dnnl_get_effective_cpu_isa()), bf16 = dnnl_cpu_isa_avx512_core_bf16;
+  return !bf16_impl().empty() && bf16_impl().rfind("ref", 0) != 0 && (isa & bf16) == bf16;
+}
 
 class OneDnnEngine final : public GemmEngine {
  public:
