@@ -537,4 +537,32 @@ TEST(GemmThreading, ComputesOnCallingThreadOnly) {
   }
 }
 
+#ifdef FLCE_HAVE_OPENBLAS
+extern "C" int openblas_get_parallel(void);
+extern "C" int openblas_get_num_threads(void);
+extern "C" void openblas_set_num_threads(int);
+
+// OpenBLAS's thread count is process-wide: numpy (which shares Debian's
+// libopenblas) or the user may raise it after flce set it to 1, and the
+// GEMMs of flce's OpenMP threads then each started OpenBLAS threads too.
+// A call holds it at 1 and gives the caller's value back after.
+TEST(GemmThreading, OpenBlasIsHeldAtOneThreadForACallAndRestored) {
+  const GemmEngine* e = flce::cpu::find_gemm_engine("openblas");
+  ASSERT_NE(e, nullptr);
+  Problem p = make_problem(8, 8, 8, false, true, 0.0f, Dtype::f32, 3);
+  std::vector<float> c = p.c0;
+  e->run(p.args(c.data()));  // first use: set to 1
+  if (openblas_get_parallel() != 1) GTEST_SKIP() << "not a pthreads OpenBLAS";
+  EXPECT_EQ(openblas_get_num_threads(), 1);
+  EXPECT_EQ(e->hold_for_calls(), nullptr);  // nothing to change
+  openblas_set_num_threads(2);              // as numpy's threadpoolctl might
+  {
+    const std::shared_ptr<void> held = e->hold_for_calls();
+    EXPECT_EQ(openblas_get_num_threads(), 1);
+  }
+  EXPECT_EQ(openblas_get_num_threads(), 2);
+  openblas_set_num_threads(1);
+}
+#endif
+
 }  // namespace

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -221,6 +222,7 @@ class CpuBackend final : public Backend {
   std::string run(const Problem& p, Pass pass, const RunConfig& config, void* workspace,
                   RunStats* stats) const override {  // config_error() was "" (api.cpp)
     const Plan plan = cpu::make_plan(p, pass, config);
+    const std::shared_ptr<void> engine_state = plan.gemm->hold_for_calls();
     const Workspace ws = cpu::carve_workspace(plan, p, workspace);
     const cpu::Context c = prepare(p, plan, ws, stats);
     if (plan.vocab_outer)

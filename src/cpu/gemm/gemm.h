@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -78,6 +79,12 @@ class GemmEngine {
   // that break the contract above (a dtype it does not support, a leading
   // dimension too small): those are bugs in the caller, never data errors.
   virtual void run(const GemmArgs& args) const = 0;
+  // Held on the calling thread around a call's GEMMs (the cpu backend's
+  // run): an engine whose library keeps a process-wide thread count that
+  // other code may change (OpenBLAS's, which numpy shares) sets it back to
+  // what run() needs for that long, then restores the caller's. Null where
+  // nothing was changed.
+  virtual std::shared_ptr<void> hold_for_calls() const { return nullptr; }
 };
 
 // The engines compiled in, in order of preference (the f32 default first).

@@ -34,6 +34,7 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -98,6 +99,18 @@ class OpenBlasEngine final : public GemmEngine {
   }
 
   bool supports(Dtype ab_dtype) const override { return ab_dtype == Dtype::f32; }
+
+  // A pthreads build's thread count is set to 1 at first use
+  // (init_openblas_once), but numpy, threadpoolctl or the user may raise it
+  // later: then the GEMMs of flce's OpenMP threads would each start
+  // OpenBLAS's own threads as well. Set to 1 for the call, and back.
+  std::shared_ptr<void> hold_for_calls() const override {
+    if (init_openblas_once() != OPENBLAS_THREAD) return nullptr;
+    const int before = openblas_get_num_threads();
+    if (before == 1) return nullptr;
+    openblas_set_num_threads(1);
+    return std::shared_ptr<void>(nullptr, [before](void*) { openblas_set_num_threads(before); });
+  }
 
   void run(const GemmArgs& g) const override {
     gemm_detail::check_args(g, "openblas");
