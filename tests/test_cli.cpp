@@ -218,6 +218,11 @@ TEST_F(CliCommands, HelpVersionAndBackends) {
   r = run({"backends", "--help"});  // `flce <command> --help`, as the usage says
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("usage: flce backends"), std::string::npos) << r.out;
+  for (const char* command : {"run", "eval", "bench"}) {  // -h as `flce -h` takes it
+    r = run({command, "-h"});
+    EXPECT_EQ(r.code, 0) << command << ": " << r.err;
+    EXPECT_NE(r.out.find(std::string("usage: flce ") + command), std::string::npos) << r.out;
+  }
 }
 
 TEST_F(CliCommands, OneDnnHasBf16OnlyWithBf16DotProducts) {
@@ -708,6 +713,25 @@ TEST_F(CliOptions, MissingAndConflictingFlags) {
     fails(plus(args, {g, token_w}), {g, "--grad"});
   }
   fails(plus(args, {"--filter-eps", "auto"}), {"--filter-eps", "--grad"});
+  fails(plus(args, {"--grad-logits", "storage"}), {"--grad-logits", "--grad"});
+}
+
+TEST_F(CliRun, AnOutputNeverReplacesAnInput) {
+  // `--x Q/grad_x.npy --out Q --grad` put the gradient in the input's place.
+  fs::create_directories(out);
+  const std::string x_in_out = out + "/grad_x.npy";
+  fs::copy_file(x, x_in_out);
+  const Bytes before = flce_test::read_bytes(x_in_out);
+  fails(plus(with("--x", x_in_out), {"--grad"}),
+        {"--out " + out + ": writing grad_x.npy there would replace the input --x " + x_in_out});
+  EXPECT_EQ(flce_test::read_bytes(x_in_out), before);
+  // Without --grad no grad_x.npy is written: the input is read and kept.
+  EXPECT_EQ(succeeds(with("--x", x_in_out)), forward_and({"grad_x.npy"}));
+  EXPECT_EQ(flce_test::read_bytes(x_in_out), before);
+  // eval's outputs too, whatever path names the input.
+  fs::copy_file(labels, out + "/logprob.npy", fs::copy_options::overwrite_existing);
+  fails({"eval", "--x", x, "--w", w, "--labels", out + "/../out/logprob.npy", "--out", out},
+        {"writing logprob.npy there would replace the input --labels"});
 }
 
 // ---------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 #include "cli/args.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
@@ -8,8 +9,14 @@
 namespace flce::cli {
 
 std::string Args::parse(int argc, char** argv, int first, const std::vector<Flag>& flags) {
+  const bool has_help = std::any_of(flags.begin(), flags.end(),
+                                    [](const Flag& f) { return std::string(f.name) == "help"; });
   for (int i = first; i < argc; ++i) {
     const std::string arg = argv[i];
+    if (arg == "-h" && has_help) {  // as `flce -h` and `flce backends -h` take it
+      values_["help"] = "";
+      continue;
+    }
     if (arg.rfind("--", 0) != 0 || arg.size() == 2)
       return "unexpected argument '" + arg + "' (options start with --; see --help)";
     std::string name = arg.substr(2), value;

@@ -58,7 +58,7 @@ const std::vector<Flag>& eval_flags() {
       {"block-rows", "R", "rows per forward call, >= 1 (default 4096)"},
       {"backend", "NAME", "backend (default: FLCE_BACKEND if set, else cpu; see `flce backends`)"},
       {"gemm", "NAME", "the GEMM engine: openblas|onednn|eigen for cpu, cublas for cuda"},
-      {"threads", "T", "CPU threads, >= 1 (default: all)"},
+      {"threads", "T", "CPU threads, 1 to 4096 (default: all)"},
       {"out", "DIR", "also write DIR/logprob.npy, entropy.npy and argmax.npy (int64), [N] each"},
       {"out-dtype", "f32|f64", "dtype of logprob.npy and entropy.npy (default f32)"},
       {"json", nullptr, "print the summary as one JSON line"},
@@ -332,6 +332,9 @@ void watch_for_bus_errors(const io::NpyMap& map, const std::string& flag) {
   sigaction(SIGBUS, &sa, nullptr);
 }
 
+// The per-token output files, in Outputs' order.
+const std::vector<std::string> kOutputNames = {"logprob.npy", "entropy.npy", "argmax.npy"};
+
 // The per-token output files, under temporary names until commit().
 class Outputs {
  public:
@@ -341,8 +344,8 @@ class Outputs {
   void create(int64_t n, Dtype real) {
     const std::string& dir = dir_;
     make_out_dir(dir, "flce eval");
-    const std::pair<const char*, Dtype> files[] = {
-        {"logprob.npy", real}, {"entropy.npy", real}, {"argmax.npy", Dtype::i64}};
+    const std::pair<std::string, Dtype> files[] = {
+        {kOutputNames[0], real}, {kOutputNames[1], real}, {kOutputNames[2], Dtype::i64}};
     for (auto [name, dtype] : files) {
       File f{name, temporary_path(dir, name).string(), std::make_unique<io::NpyOutFile>()};
       remove_on_second_signal(f.tmp);
@@ -484,6 +487,7 @@ int eval(const Args& args) {
   config.gemm = args.get("gemm");
   config.threads = int(threads);
 
+  if (args.has("out")) refuse_outputs_over_inputs(args, eval_flags(), args.get("out"), kOutputNames);
   Inputs in;
   open_inputs(args, options, in);
   in.x.advise_sequential();

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <utility>
 
 #include "common/tensor_access.h"
@@ -87,14 +88,37 @@ std::string explain_api_error(const std::string& error, const Args& args) {
   return flag_and_value(*of, args) + with + ": " + error;
 }
 
-std::vector<std::string> input_files(const Args& args, const std::vector<Flag>& flags) {
-  std::vector<std::string> files;
+namespace {
+
+// The given flags that name a .npy file (placeholder "X.npy").
+std::vector<const Flag*> file_flags(const Args& args, const std::vector<Flag>& flags) {
+  std::vector<const Flag*> given;
   for (const Flag& f : flags) {
     const std::string value = f.value != nullptr ? f.value : "";
     const bool file = value.size() > 4 && value.compare(value.size() - 4, 4, ".npy") == 0;
-    if (file && args.has(f.name)) files.push_back(args.get(f.name));
+    if (file && args.has(f.name)) given.push_back(&f);
   }
+  return given;
+}
+
+}  // namespace
+
+std::vector<std::string> input_files(const Args& args, const std::vector<Flag>& flags) {
+  std::vector<std::string> files;
+  for (const Flag* f : file_flags(args, flags)) files.push_back(args.get(f->name));
   return files;
+}
+
+void refuse_outputs_over_inputs(const Args& args, const std::vector<Flag>& flags,
+                                const std::string& dir, const std::vector<std::string>& outputs) {
+  namespace fs = std::filesystem;
+  for (const std::string& name : outputs)
+    for (const Flag* f : file_flags(args, flags)) {
+      std::error_code ec;  // a missing output or input is no clash (a missing input fails later)
+      if (fs::equivalent(fs::path(dir) / name, args.get(f->name), ec))
+        throw Failure{"--out " + dir + ": writing " + name + " there would replace the input --" +
+                      f->name + " " + args.get(f->name) + " (give another --out)"};
+    }
 }
 
 std::string get_filter_eps(const Args& args, double* out) {

@@ -30,6 +30,12 @@ std::string explain_api_error(const std::string& error, const Args& args);
 // ("X.npy"), in `flags`' order.
 std::vector<std::string> input_files(const Args& args, const std::vector<Flag>& flags);
 
+// Throws Failure when one of `outputs` (file names) in `dir` is a file an
+// input flag names: the commit would put the output in its place
+// (`--x Q/grad_x.npy --out Q --grad`).
+void refuse_outputs_over_inputs(const Args& args, const std::vector<Flag>& flags,
+                                const std::string& dir, const std::vector<std::string>& outputs);
+
 // Whether the backend named by config (or FLCE_BACKEND) reads device memory.
 bool wants_device(const RunConfig& config);
 

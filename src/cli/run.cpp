@@ -44,7 +44,7 @@ const std::vector<Flag>& run_flags() {
       {"filter-eps", "E|auto", "gradient filtering (cpu, with --grad): skip dlogits blocks with all |G| <= E kappa_i; auto = storage epsilon / 32 (default 0, off)"},
       {"backend", "NAME", "force a backend (see `flce backends`)"},
       {"gemm", "NAME", "the GEMM engine: openblas|onednn|eigen for cpu, cublas for cuda"},
-      {"threads", "T", "CPU threads, >= 1 (default: all)"},
+      {"threads", "T", "CPU threads, 1 to 4096 (default: all)"},
       {"out-dtype", "f32|f64", "dtype of the output arrays (default f32)"},
       {"out", "DIR", "directory for the output .npy files (created if missing)"},
       {"help", nullptr, "show this help"},
@@ -93,6 +93,8 @@ void check_flag_combinations(const Args& args) {
       throw Failure{std::string("--") + g + ": a cotangent needs --grad"};
   if (args.has("filter-eps") && !args.has("grad"))
     throw Failure{"--filter-eps: filters gradients, so needs --grad"};
+  if (args.has("grad-logits") && !args.has("grad"))
+    throw Failure{"--grad-logits: the dtype of dlogits, which only --grad computes"};
 }
 
 // Reads the inputs and fills the problem's input fields.
@@ -220,6 +222,9 @@ int run(const Args& args) {
   config.threads = int(threads);
   const bool grad = args.has("grad");
   allocate_outputs(s, p, out == 0 ? Dtype::f32 : Dtype::f64, grad);
+  std::vector<std::string> names;
+  for (const auto& [file, array] : s.outputs) names.push_back(file);
+  refuse_outputs_over_inputs(args, run_flags(), args.get("out"), names);
   const Status status = call_on_host_arrays(p, grad ? Pass::loss_and_grad : Pass::forward, config);
   if (!status.ok()) throw Failure{explain_api_error(status.error, args)};
   write_outputs(s, args.get("out"), input_files(args, run_flags()));
