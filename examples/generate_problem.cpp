@@ -1,11 +1,13 @@
 // Writes a random LM-head problem as .npy files: x [N, H], w [V, H] and
 // labels [N] (int64, with --ignored rows set to -100). Used by the demo.
 //   generate_problem --n 64 --h 256 --v 32000 [--ignored 8] [--seed 1] --out DIR
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <new>
 #include <random>
 #include <string>
 #include <system_error>
@@ -29,6 +31,9 @@ bool save(const std::string& path, const flce::io::NpyArray& a) {
   return error.empty();
 }
 
+int generate(long long n, long long h, long long v, long long ignored, long long seed,
+             const std::string& out);
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -39,12 +44,15 @@ int main(int argc, char** argv) {
     if (i + 1 == argc) return std::fprintf(stderr, "generate_problem: %s needs a value\n", argv[i]), 2;
     long long* target = flag == "--n" ? &n : flag == "--h" ? &h : flag == "--v" ? &v
                       : flag == "--ignored" ? &ignored : flag == "--seed" ? &seed : nullptr;
+    if (std::strncmp(argv[i + 1], "--", 2) == 0)  // `--out --n 4`: a forgotten value
+      return std::fprintf(stderr, "generate_problem: %s needs a value (got '%s')\n", argv[i], argv[i + 1]), 2;
     if (flag == "--out") out = argv[i + 1];
     else if (target) {
       char* end = nullptr;
+      errno = 0;
       *target = std::strtoll(argv[i + 1], &end, 10);
-      if (*argv[i + 1] == '\0' || *end != '\0')
-        return std::fprintf(stderr, "generate_problem: %s = '%s' is not an integer\n", argv[i], argv[i + 1]), 2;
+      if (*argv[i + 1] == '\0' || *end != '\0' || errno == ERANGE)
+        return std::fprintf(stderr, "generate_problem: %s = '%s' is not a 64-bit integer\n", argv[i], argv[i + 1]), 2;
     }
     else return std::fprintf(stderr, "generate_problem: unknown option %s\n", argv[i]), 2;
   }
@@ -52,6 +60,23 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: generate_problem --n N --h H --v V [--ignored K] [--seed S] --out DIR\n");
     return 2;
   }
+  long long xn = 0, wn = 0;
+  if (__builtin_mul_overflow(n, h, &xn) || __builtin_mul_overflow(v, h, &wn) || xn > (1LL << 40) ||
+      wn > (1LL << 40))
+    return std::fprintf(stderr, "generate_problem: --n %lld x --h %lld or --v %lld x --h is more "
+                        "than 2^40 floats\n", n, h, v), 2;
+  try {
+    return generate(n, h, v, ignored, seed, out);
+  } catch (const std::bad_alloc&) {
+    return std::fprintf(stderr, "generate_problem: out of memory for x [%lld, %lld] and w [%lld, %lld]\n",
+                        n, h, v, h), 2;
+  }
+}
+
+namespace {
+
+int generate(long long n, long long h, long long v, long long ignored, long long seed,
+             const std::string& out) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> x(n * h), w(v * h);
@@ -70,5 +95,7 @@ int main(int argc, char** argv) {
                   save(out + "/w.npy", array_of(flce::Dtype::f32, {v, h}, w.data())) &&
                   save(out + "/labels.npy", array_of(flce::Dtype::i64, {n}, labels.data()));
   if (ok) std::printf("wrote x [%lld, %lld], w [%lld, %lld], labels [%lld] to %s\n", n, h, v, h, n, out.c_str());
-  return ok ? 0 : 1;
+  return ok ? 0 : 2;
 }
+
+}  // namespace
