@@ -188,7 +188,7 @@ std::string check_values(const Problem& p, const Dims& d) {
       const double w = load(*t, i);
       if (!(std::isfinite(w) && w >= 0))
         return format("%s[%lld] = %s: weights must be finite and >= 0", name, (long long)i,
-                      number_text(w).c_str());
+                      number_text(w, t->dtype).c_str());
     }
   }
   return "";

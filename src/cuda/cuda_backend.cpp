@@ -16,6 +16,7 @@
 #include <tuple>
 
 #include "common/float32_options.h"
+#include "common/number_text.h"
 #include "cuda/cublas_library.h"
 #include "cuda/device_guard.h"
 #include "cuda/gemm.h"
@@ -190,15 +191,13 @@ std::string element_text(const Tensor& t, int64_t i, cudaStream_t stream, std::s
     *error = cuda_error("cuda backend: reading a bad value back", e);
     return "";
   }
-  char text[64] = "";
   switch (t.dtype) {
     case Dtype::i32: return std::to_string(*reinterpret_cast<int32_t*>(raw));
     case Dtype::i64: return std::to_string(*reinterpret_cast<int64_t*>(raw));
-    case Dtype::f32: std::snprintf(text, sizeof text, "%g", *reinterpret_cast<float*>(raw)); break;
-    case Dtype::f64: std::snprintf(text, sizeof text, "%g", *reinterpret_cast<double*>(raw)); break;
-    default: break;
+    case Dtype::f32: return number_text(*reinterpret_cast<float*>(raw), Dtype::f32);
+    case Dtype::f64: return number_text(*reinterpret_cast<double*>(raw));
+    default: return "";
   }
-  return text;
 }
 
 // The label range and weight signs, checked on the device (validate() only
