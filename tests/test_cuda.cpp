@@ -363,6 +363,36 @@ TEST_F(CudaGpu, AnIgnoredRowWithAnInfiniteLogitHasNaNGradientsOnlyThere) {
   check(d, c.storage(), Pass::backward);
 }
 
+// A row whose max is far from 0: masked with -1e30 in the logits entry, or
+// logits near 5e9. The exponent of the max's own term was the rounding
+// error of m log2(e), beyond 126 there, so the row's sum of exponentials
+// came out 0 or inf: lse -inf or +inf, NaN gradients. lse, logprob and the
+// loss are held to the policy; its bounds on p are unbounded at such |lse|
+// (u |lse| >> 1), so the gradients are held to being finite, and 0 on the
+// ignored row.
+TEST_F(CudaGpu, RowsWithAHugeMaxKeepAFiniteLse) {
+  constexpr int64_t kV = 41;
+  const Case c = logits(4, kV).reduction(Reduction::none).ignore_rows({1});
+  DenseProblem d = c.problem();
+  for (int64_t j = 0; j < kV; ++j) {
+    d.logits[1 * kV + j] = double(-1e30f);                   // masked and ignored
+    d.logits[2 * kV + j] = double(-1e30f);                   // masked, labelled
+    d.logits[3 * kV + j] = double(float(5e9 - 1024.0 * j));  // large
+  }
+  Request rq;
+  rq.config = cuda();
+  const Outputs out = run_library(d, c.storage(), rq);
+  ASSERT_TRUE(out.status.ok()) << out.status.error;
+  const BruteForce exact = brute_force(d);
+  const Bounds b = error_bounds(d, exact, cuda_precision(d, c.storage()));
+  EXPECT_TRUE(within_bounds("lse", out.lse, exact.lse, b.lse));
+  EXPECT_TRUE(within_bounds("logprob", out.logprob, exact.logprob, b.logprob));
+  EXPECT_TRUE(within_bounds("loss", out.loss, exact.loss, b.loss));
+  for (int64_t ij = 0; ij < 4 * kV; ++ij)
+    EXPECT_TRUE(std::isfinite(out.grad_logits[ij])) << "row " << ij / kV << " class " << ij % kV;
+  for (int64_t j = 0; j < kV; ++j) EXPECT_EQ(out.grad_logits[1 * kV + j], 0.0) << j;
+}
+
 // merge_rows folds a row's tile states on 32 lanes (lane l: tiles l, l + 32,
 // ...): maxima tied across tiles of one lane, of two lanes and inside one
 // tile must still give the lowest class, as the oracle's scan does.

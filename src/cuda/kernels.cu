@@ -131,7 +131,7 @@ struct Quad {
 // and full.
 __device__ void store_codes(uint16_t* codes, int c, int n, float ref, const float s[4],
                             bool aligned) {
-  uint16_t h[4];
+  alignas(8) uint16_t h[4];  // read as one uint2 below
 #pragma unroll
   for (int k = 0; k < 4; ++k) h[k] = stash_code(ref, s[k]);
   if (aligned && n == 4) {
@@ -211,7 +211,7 @@ __global__ void tile_states_kernel(LossArgs g, ScoreTile tile, int64_t t, int64_
       max = group_max;
       arg_c = -1;
     }
-    const float offset = exp_offset(shift_of(max));
+    const ExpOffset offset = exp_offset(shift_of(max));
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       // Padding is -inf: exp gives 0. A NaN poisons the sums, as on the cpu;
@@ -433,7 +433,7 @@ __device__ void store_quad<float>(float* g, int c, int n, const float v[4], bool
 }
 template <typename T16>
 __device__ void store_quad16(T16* g, int c, int n, const float v[4], bool aligned) {
-  T16 h[4];
+  alignas(8) T16 h[4];  // read as one uint2 below
 #pragma unroll
   for (int k = 0; k < 4; ++k) store_g<T16>(h, k, v[k]);
   if (aligned && n == 4) {

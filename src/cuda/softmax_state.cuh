@@ -36,26 +36,38 @@ constexpr float kLog2e = 1.44269504088896341f;
 inline __device__ float exp_of(float x) { return exp2f(x * kLog2e); }
 
 // The hot loops' e^(s - m) for a shift m fixed over many s: m's offset
-// m log2(e) once (exp_offset), then per s one FMA and one ex2.approx.ftz
-// (exp_at), against a subtraction, a product and exp2f's subnormal
-// fix-up. The offset's rounding moves the exponent by u |m| and the FMA's
-// by u |s - m| (tolerance.h, sections 2 and 3: the u_a (|lse| + ln V) and
-// u_a (|s| + |lse|) terms). Results below 2^-126 flush to 0: in a sum of
-// at least 1 (pass 1, whose max's term is 1) far under its rounding; in G
-// the p underflow term, which the policy takes at the smallest normal.
-// A finite m whose offset would overflow is clamped to the largest float
-// (|m| > 2.3e38, where the policy's bounds are far above any G); an
-// infinite or NaN m keeps its offset, as s - m would.
-inline __device__ float exp_offset(float m) {
+// m log2(e) once (exp_offset), then per s an FMA, a subtraction and one
+// ex2.approx.ftz (exp_at), against a subtraction, a product and exp2f's
+// subnormal fix-up. The offset is two floats, hi = fl(m log2(e)) and lo its
+// rounding error (one FMA, exact), so that s = m has the exponent 0 exactly:
+// with hi alone it was -lo, up to half an ulp of hi, which beyond |m| ~ 3e9
+// (hi >= 2^32) exceeds 126, and the row's sum of exponentials came out 0
+// or inf (lse -inf or +inf; NaN gradients). The FMA's rounding moves the
+// exponent by u |s - m| (tolerance.h, sections 2 and 3: the u_a (|s| +
+// |lse|) term). Results below 2^-126 flush to 0: in a sum of at least 1
+// (pass 1, whose max's term is 1) far under its rounding; in G the p
+// underflow term, which the policy takes at the smallest normal. A finite
+// m whose offset would overflow is clamped to the largest float (|m| >
+// 2.3e38, where the policy's bounds are far above any G); an infinite or
+// NaN m keeps its offset, as s - m would.
+struct ExpOffset {
+  float hi, lo;
+};
+inline __device__ ExpOffset exp_offset(float m) {
   const float o = m * kLog2e;
-  return isfinite(m) ? fminf(fmaxf(o, -3.4028235e38f), 3.4028235e38f) : o;
+  if (!isfinite(m)) return {o, 0.0f};
+  const float hi = fminf(fmaxf(o, -3.4028235e38f), 3.4028235e38f);
+  const float lo = fmaf(m, kLog2e, -hi);
+  return {hi, isfinite(lo) ? lo : 0.0f};
 }
 inline __device__ float ex2_ftz(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
-inline __device__ float exp_at(float s, float offset) { return ex2_ftz(fmaf(s, kLog2e, -offset)); }
+inline __device__ float exp_at(float s, ExpOffset offset) {
+  return ex2_ftz(fmaf(s, kLog2e, -offset.hi) - offset.lo);
+}
 
 inline __device__ int64_t min_index(int64_t a, int64_t b) {
   if (a < 0) return b;
@@ -194,7 +206,9 @@ inline DlogitsForm dlogits_form(const LossArgs& g) {
 template <int kRound, DlogitsForm kForm>
 struct DlogitsRow {
   TileParams q;
-  float lse, lse_offset, sbar, coef_p, coef_c, coef_h, label;  // lse_offset: exp_offset(lse)
+  float lse;
+  ExpOffset lse_offset;  // exp_offset(lse)
+  float sbar, coef_p, coef_c, coef_h, label;
   int y_col;  // the label's column in the tile, or -1
 
   __device__ DlogitsRow(const LossArgs& g, const RowInfo& info, int64_t j0, int cols)
@@ -215,7 +229,7 @@ struct DlogitsRow {
   // policy counts k log2(e)'s rounding as it did log2(e)'s), and
   // ds/dz = 1 - t^2 in one FMA.
   __device__ float unrounded_from_t(float t, bool at_label) const {
-    const float d = coef_p * ex2_ftz(fmaf(t, q.poly.k_log2e, -lse_offset));
+    const float d = coef_p * ex2_ftz(fmaf(t, q.poly.k_log2e, -lse_offset.hi) - lse_offset.lo);
     return fmaf(-t, t, 1.0f) * (at_label ? d - label : d);
   }
 

@@ -252,7 +252,7 @@ struct States {
         row.max = group_max;
         row.arg_c = -1;
       }
-      const float offset = exp_offset(shift_of(row.max));
+      const ExpOffset offset = exp_offset(shift_of(row.max));
 #pragma unroll
       for (int r = 2 * h; r < 128; r += 4) {
 #pragma unroll
