@@ -255,6 +255,35 @@ def test_torch_tensors_written_in_place_follow_autograd_rules():
         saved.sum().backward()
 
 
+def test_each_written_torch_tensor_is_marked(monkeypatch):
+    # torch 2.1+'s autograd.graph.increment_version bumps a written tensor's
+    # version counter (tested above where torch has it); stubbed here, so
+    # that a torch without it (CI's) still sees which tensors flce marks:
+    # each tensor it wrote (in place or through out=), on failure too, and
+    # neither an inference tensor nor an array.
+    calls = []
+    monkeypatch.setattr(torch.autograd.graph, "increment_version", calls.append, raising=False)
+    inputs, opts = make_case("defaults", "float32", "numpy", "logits")
+    yt = torch.from_numpy(inputs["labels"])
+    z = torch.from_numpy(inputs["logits"].copy())
+    lse = torch.empty(N, dtype=torch.float64)
+    flce.loss_and_grad(logits=z, labels=yt, **opts, inplace=True, out={"lse": lse})
+    assert sorted(map(id, calls)) == sorted([id(z), id(lse)])
+    calls.clear()
+    with torch.inference_mode():
+        frozen = torch.empty(N, dtype=torch.float64)
+        flce.forward(logits=z.clone(), labels=yt, **opts, out={"lse": frozen})
+    assert calls == []
+    flce.forward(logits=inputs["logits"], labels=inputs["labels"], **opts,
+                 out={"lse": np.empty(N)})
+    assert calls == []
+    bad = yt.clone()
+    bad[0] = V  # out of range: the call fails after its outputs were handed over
+    with pytest.raises(ValueError, match=r"labels\[0\]"):
+        flce.forward(logits=z.clone(), labels=bad, **opts, out={"lse": lse})
+    assert [id(t) for t in calls] == [id(lse)]
+
+
 def test_out_arrays_are_written_in_place():
     inputs, opts = make_case("defaults", "float32", "numpy", "head")
     lse = np.full(N, np.nan, dtype=np.float64)
