@@ -554,12 +554,19 @@ TEST(GemmThreading, OpenBlasIsHeldAtOneThreadForACallAndRestored) {
   e->run(p.args(c.data()));  // first use: set to 1
   if (openblas_get_parallel() != 1) GTEST_SKIP() << "not a pthreads OpenBLAS";
   EXPECT_EQ(openblas_get_num_threads(), 1);
-  EXPECT_EQ(e->hold_for_calls(), nullptr);  // nothing to change
-  openblas_set_num_threads(2);              // as numpy's threadpoolctl might
+  openblas_set_num_threads(2);  // as numpy's threadpoolctl might
   {
     const std::shared_ptr<void> held = e->hold_for_calls();
     EXPECT_EQ(openblas_get_num_threads(), 1);
   }
+  EXPECT_EQ(openblas_get_num_threads(), 2);
+  // Overlapping calls (two host threads): the first to end must not give
+  // the count back while the other still runs GEMMs.
+  std::shared_ptr<void> first = e->hold_for_calls(), second = e->hold_for_calls();
+  EXPECT_EQ(openblas_get_num_threads(), 1);
+  first.reset();
+  EXPECT_EQ(openblas_get_num_threads(), 1) << "given back while a call still held it";
+  second.reset();
   EXPECT_EQ(openblas_get_num_threads(), 2);
   openblas_set_num_threads(1);
 }

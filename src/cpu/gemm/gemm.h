@@ -80,10 +80,10 @@ class GemmEngine {
   // dimension too small): those are bugs in the caller, never data errors.
   virtual void run(const GemmArgs& args) const = 0;
   // Held on the calling thread around a call's GEMMs (the cpu backend's
-  // run): an engine whose library keeps a process-wide thread count that
-  // other code may change (OpenBLAS's, which numpy shares) sets it back to
-  // what run() needs for that long, then restores the caller's. Null where
-  // nothing was changed.
+  // run; calls may overlap): an engine whose library keeps a process-wide
+  // thread count that other code may change (OpenBLAS's, which numpy
+  // shares) sets it to what run() needs while any call holds it, then
+  // restores the caller's. Null where the engine keeps no such state.
   virtual std::shared_ptr<void> hold_for_calls() const { return nullptr; }
 };
 

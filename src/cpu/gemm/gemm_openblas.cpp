@@ -55,6 +55,18 @@ int init_openblas_once() {
   return parallel;
 }
 
+// The calls holding OpenBLAS at one thread (hold_for_calls), and the count
+// to give back when the last one ends (0: it was 1 already).
+struct OneThreadHold {
+  std::mutex mutex;
+  int holders = 0;
+  int restore = 0;
+};
+OneThreadHold& one_thread_hold() {
+  static OneThreadHold hold;
+  return hold;
+}
+
 // Sets the calling thread's OpenMP thread count to 1 for its lifetime, when
 // `active`.
 class OneOmpThread {
@@ -103,13 +115,27 @@ class OpenBlasEngine final : public GemmEngine {
   // A pthreads build's thread count is set to 1 at first use
   // (init_openblas_once), but numpy, threadpoolctl or the user may raise it
   // later: then the GEMMs of flce's OpenMP threads would each start
-  // OpenBLAS's own threads as well. Set to 1 for the call, and back.
+  // OpenBLAS's own threads as well. Held at 1 while any call runs (calls
+  // may overlap, from several host threads), and the raised count given
+  // back when the last one ends.
   std::shared_ptr<void> hold_for_calls() const override {
     if (init_openblas_once() != OPENBLAS_THREAD) return nullptr;
-    const int before = openblas_get_num_threads();
-    if (before == 1) return nullptr;
-    openblas_set_num_threads(1);
-    return std::shared_ptr<void>(nullptr, [before](void*) { openblas_set_num_threads(before); });
+    OneThreadHold& h = one_thread_hold();
+    std::lock_guard<std::mutex> lock(h.mutex);
+    const int now = openblas_get_num_threads();
+    if (now != 1) {
+      h.restore = now;
+      openblas_set_num_threads(1);
+    }
+    ++h.holders;
+    return std::shared_ptr<void>(nullptr, [](void*) {
+      OneThreadHold& held = one_thread_hold();
+      std::lock_guard<std::mutex> relock(held.mutex);
+      if (--held.holders == 0 && held.restore != 0) {
+        openblas_set_num_threads(held.restore);
+        held.restore = 0;
+      }
+    });
   }
 
   void run(const GemmArgs& g) const override {
