@@ -732,6 +732,16 @@ TEST_F(CliRun, AnOutputNeverReplacesAnInput) {
   fs::copy_file(labels, out + "/logprob.npy", fs::copy_options::overwrite_existing);
   fails({"eval", "--x", x, "--w", w, "--labels", out + "/../out/logprob.npy", "--out", out},
         {"writing logprob.npy there would replace the input --labels"});
+  // An output entry that is a hard link or a symlink to an input is only
+  // renamed over: the input stays as it was, and the run goes ahead.
+  const Bytes x_bytes = flce_test::read_bytes(x);
+  fs::remove(out + "/lse.npy");
+  fs::create_hard_link(x, out + "/lse.npy");
+  fs::remove(out + "/zloss.npy");
+  fs::create_symlink(x, out + "/zloss.npy");
+  EXPECT_EQ(succeeds(args), kForwardFiles);  // the stale grad_x.npy, not an input now, removed
+  EXPECT_EQ(flce_test::read_bytes(x), x_bytes);
+  EXPECT_FALSE(fs::is_symlink(out + "/zloss.npy"));
 }
 
 // ---------------------------------------------------------------------------

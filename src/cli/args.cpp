@@ -27,7 +27,8 @@ std::string Args::parse(int argc, char** argv, int first, const std::vector<Flag
     for (const Flag& f : flags)
       if (name == f.name) flag = &f;
     if (flag == nullptr) return "unknown option '--" + name + "' (see --help)";
-    if (values_.count(name)) return "--" + name + ": given more than once";
+    if (values_.count(name) && name != "help")  // -h --help asks once
+      return "--" + name + ": given more than once";
     if (flag->value == nullptr) {
       if (inline_value) return "--" + name + ": takes no value (got '" + value + "')";
     } else if (!inline_value) {

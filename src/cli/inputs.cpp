@@ -109,16 +109,27 @@ std::vector<std::string> input_files(const Args& args, const std::vector<Flag>& 
   return files;
 }
 
+namespace {
+
+// The directory entry `path` names: its directory resolved (symlinks, ..),
+// its last component as given, since the commit renames over that entry
+// and never writes into the file behind it (a hard link or symlink there
+// to an input leaves the input alone).
+std::filesystem::path entry_of(const std::filesystem::path& path) {
+  std::error_code ec;
+  const std::filesystem::path parent = path.has_parent_path() ? path.parent_path() : ".";
+  return std::filesystem::weakly_canonical(parent, ec) / path.filename();
+}
+
+}  // namespace
+
 void refuse_outputs_over_inputs(const Args& args, const std::vector<Flag>& flags,
                                 const std::string& dir, const std::vector<std::string>& outputs) {
-  namespace fs = std::filesystem;
   for (const std::string& name : outputs)
-    for (const Flag* f : file_flags(args, flags)) {
-      std::error_code ec;  // a missing output or input is no clash (a missing input fails later)
-      if (fs::equivalent(fs::path(dir) / name, args.get(f->name), ec))
+    for (const Flag* f : file_flags(args, flags))
+      if (entry_of(std::filesystem::path(dir) / name) == entry_of(args.get(f->name)))
         throw Failure{"--out " + dir + ": writing " + name + " there would replace the input --" +
                       f->name + " " + args.get(f->name) + " (give another --out)"};
-    }
 }
 
 std::string get_filter_eps(const Args& args, double* out) {
