@@ -104,7 +104,7 @@ struct Inputs {
 
 // Below, with the other signal handling: a file that shrinks under its
 // mapping ends eval with a message naming `flag` instead of a bare SIGBUS.
-void watch_for_bus_errors(const io::NpyMap& map, const std::string& flag);
+void watch_for_bus_errors(const io::NpyMap& map, const std::string& flag, bool out);
 
 void open_inputs(const Args& args, const Options& options, Inputs& in) {
   int layout = 0;
@@ -113,7 +113,7 @@ void open_inputs(const Args& args, const Options& options, Inputs& in) {
   in.layout = WeightLayout(layout);
 
   if (auto e = in.x.open(args.get("x")); !e.empty()) throw Failure{"--x: " + e};
-  watch_for_bus_errors(in.x, "--x");
+  watch_for_bus_errors(in.x, "--x", args.has("out"));
   const std::vector<int64_t>& xs = in.x.shape();
   if (!dtype_is_float(in.x.dtype()))
     throw Failure{where(args, "x") + ": dtype " + dtype_name(in.x.dtype()) +
@@ -149,7 +149,7 @@ void open_inputs(const Args& args, const Options& options, Inputs& in) {
   }
 
   if (auto e = in.labels.open(args.get("labels")); !e.empty()) throw Failure{"--labels: " + e};
-  watch_for_bus_errors(in.labels, "--labels");
+  watch_for_bus_errors(in.labels, "--labels", args.has("out"));
   const Dtype ly = in.labels.dtype();
   if (ly != Dtype::i32 && ly != Dtype::i64)
     throw Failure{where(args, "labels") + ": dtype " + dtype_name(ly) +
@@ -304,23 +304,28 @@ WatchedMap g_watched[2];
 volatile sig_atomic_t g_watched_count = 0;
 
 void on_bus_error(int sig, siginfo_t* info, void*) {
-  for (int k = 0; k < g_watched_count; ++k) {
+  const bool fault = info->si_code > 0;  // not a kill(): an access that faulted
+  for (int k = 0; fault && k < g_watched_count; ++k) {
     if (!g_watched[k].map->maps(info->si_addr)) continue;
     (void)!::write(STDERR_FILENO, g_watched[k].message, g_watched[k].length);
     for (int t = 0; t < g_tmp_count; ++t) ::unlink(g_tmp_paths[t]);
     ::_exit(2);
   }
-  ::signal(sig, SIG_DFL);  // not a mapped input's: the access faults again, as it would have
+  // Not a mapped input's: the temporaries removed, then what SIGBUS would
+  // have done (a fault faults again on return; a sent one needs raising).
+  for (int t = 0; t < g_tmp_count; ++t) ::unlink(g_tmp_paths[t]);
+  ::signal(sig, SIG_DFL);
+  if (!fault) ::raise(sig);
 }
 
-void watch_for_bus_errors(const io::NpyMap& map, const std::string& flag) {
+void watch_for_bus_errors(const io::NpyMap& map, const std::string& flag, bool out) {
   if (g_watched_count >= 2) return;
   WatchedMap& w = g_watched[g_watched_count];
   w.map = &map;
   const char* after_bar = ::isatty(STDERR_FILENO) == 1 ? "\n" : "";  // a progress bar's line
   const std::string text = after_bar + std::string("flce eval: error: ") + flag + ": " + map.path() +
-                           ": changed while it was read (truncated: a read past its new end "
-                           "raised SIGBUS); --out left as it was\n";
+                           ": changed while it was read (truncated, or unreadable: a read of its "
+                           "pages raised SIGBUS)" + (out ? "; --out left as it was" : "") + "\n";
   w.length = std::min(text.size(), sizeof w.message);
   std::memcpy(w.message, text.data(), w.length);
   std::atomic_signal_fence(std::memory_order_seq_cst);  // the entry before the count
@@ -489,6 +494,9 @@ int eval(const Args& args) {
 
   if (args.has("out")) refuse_outputs_over_inputs(args, eval_flags(), args.get("out"), kOutputNames);
   Inputs in;
+  struct Unwatch {  // before `in` unmaps: no handler reads a dead mapping
+    ~Unwatch() { g_watched_count = 0; }
+  } unwatch;
   open_inputs(args, options, in);
   in.x.advise_sequential();
 
@@ -583,7 +591,7 @@ int eval(const Args& args) {
       if (auto e = m->changed(); !e.empty())
         throw Failure{std::string(m == &in.x ? "--x: " : "--labels: ") + e +
                       " at row " + std::to_string(r0) + " of " + std::to_string(N) +
-                      "; --out left as it was"};
+                      (outputs ? "; --out left as it was" : "")};
     t.rows += b;
     if (outputs) {
       for (const std::string& e : {write_real(outputs->logprob(), r0, b, logprob),
