@@ -399,6 +399,9 @@ def test_16_bit_weights_are_taken_as_float32():
         want = linear_cross_entropy(x, w, y, b, token_weights=tw16.float(),
                                     class_weights=cw16.float())
         assert torch.equal(got, want), dtype
+    # Only 16-bit ones: an integer mask is named, as flce names it.
+    with pytest.raises(ValueError, match=r"^token_weights: dtype i64 is not accepted"):
+        linear_cross_entropy(x, w, y, b, token_weights=torch.ones(N, dtype=torch.int64))
 
 
 def test_module_cast_to_bfloat16_keeps_float_class_weights():

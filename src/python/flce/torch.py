@@ -343,9 +343,10 @@ def linear_cross_entropy(x, W, y, bias=None, *, class_weights=None, token_weight
                              f"weights (pass {name}.detach())")
         # Detached under no_grad (an evaluation loop over a learned weight);
         # 16-bit ones made float32 (a bf16 model's mask, a module buffer that
-        # .bfloat16() converted): flce takes weights in float32 or float64.
+        # .bfloat16() converted): flce takes weights in float32 or float64,
+        # and names any other dtype.
         t = t.detach()
-        weights[name] = t if t.dtype in (torch.float32, torch.float64) else t.float()
+        weights[name] = t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
     tw, cw = weights["token_weights"], weights["class_weights"]
     if w_layout == "hv" and W.dim() == 2 and W.t().is_contiguous():
         # W given as [H, V] over a row-major [V, H] (lm_head.weight.t()): that
