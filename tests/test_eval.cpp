@@ -171,6 +171,7 @@ TEST(EvalNpyMap, AgreesWithReadNpyOnGoodAndMalformedFiles) {
       {"uint8", npy_bytes("{'descr': '|u1', 'fortran_order': False, 'shape': (6,)}", six)},
       {"negative", npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (3, -2)}", six)},
       {"leading zero", npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (02, 3)}", six)},
+      {"zero as 00", npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (00, 3)}", {})},
       {"no elements of huge dimensions",
        npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296, 0)}", {})},
       {"too many elements",

@@ -469,15 +469,20 @@ TEST(NpyMalformed, NonIntegerShapeEntry) {
   EXPECT_HAS(header_error(dict("'<f4'", "False", "(3LL,)")), "shape entry \"3LL\" is not an integer");
 }
 
-// Python has no integer literal with a leading zero, so numpy's reader
-// refuses "(010,)"; read as 10 it would accept a file numpy cannot load.
+// Python has no integer literal with a leading zero but zero itself, so
+// numpy's reader refuses "(010,)"; read as 10 it would accept a file numpy
+// cannot load. "0" and "00" are zero in Python too.
 TEST(NpyMalformed, ShapeEntryWithALeadingZero) {
   EXPECT_HAS(header_error(dict("'<f4'", "False", "(010, 2)")),
              "shape entry 010 has a leading zero (not a Python integer)");
-  EXPECT_HAS(header_error(dict("'<f4'", "False", "(00,)")), "shape entry 00 has a leading zero");
-  Bytes file = make_npy(dict("'<f4'", "False", "(0, 10)"));  // a lone 0 is an integer
-  NpyArray out;
-  ASSERT_EQ(parse_npy(file.data(), file.size(), "X.npy", &out), "");
+  EXPECT_HAS(header_error(dict("'<f4'", "False", "(2, 001)")), "shape entry 001 has a leading zero");
+  for (const char* zero : {"(0, 10)", "(00, 10)"}) {
+    SCOPED_TRACE(zero);
+    Bytes file = make_npy(dict("'<f4'", "False", zero));
+    NpyArray out;
+    ASSERT_EQ(parse_npy(file.data(), file.size(), "X.npy", &out), "");
+    EXPECT_EQ(out.shape, (std::vector<int64_t>{0, 10}));
+  }
 }
 
 TEST(NpyMalformed, ShapeOverflowsInt64) {

@@ -225,7 +225,8 @@ std::string parse_dim(std::string_view token, int64_t* value) {
   if (!all_digits)
     return "shape entry " + snippet(written) + " is not an integer";
   if (negative) return "shape entry " + shown + " is negative";
-  if (digits.size() > 1 && digits[0] == '0')  // as Python, which numpy's reader is
+  // Python (numpy's reader) takes 0, 00, ... but no other leading zero.
+  if (digits[0] == '0' && digits.find_first_not_of('0') != std::string_view::npos)
     return "shape entry " + shown + " has a leading zero (not a Python integer)";
   int64_t v = 0;
   for (char ch : digits) {
@@ -533,8 +534,11 @@ std::string read_npy(const std::string& path, NpyArray* out) {
       contents.insert(contents.end(), chunk, chunk + got);
   } catch (const std::bad_alloc&) {
     std::fclose(f);
-    return path + ": cannot read: the file is " + std::to_string(st.st_size) +
-           " bytes, more than this process can allocate";
+    return path + ": cannot read: out of memory after " + std::to_string(contents.size()) +
+           " bytes" +
+           (S_ISREG(st.st_mode) ? " of " + std::to_string(st.st_size) + " (the file is more than "
+                                  "this process can allocate)"
+                                : "");
   }
   if (std::ferror(f)) {
     int e = errno;  // fclose may change errno

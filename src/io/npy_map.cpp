@@ -116,7 +116,9 @@ bool scan_shape(std::string_view t, std::vector<int64_t>* shape) {
         return false;
       ++pos;
     }
-    if (pos == start || (pos - start > 1 && t[start] == '0')) return false;  // parse_dim's rules
+    const std::string_view digits = t.substr(start, pos - start);
+    if (digits.empty() || (digits[0] == '0' && digits.find_first_not_of('0') != digits.npos))
+      return false;  // parse_dim's rules
     if (pos < t.size() && t[pos] == 'L') ++pos;  // Python 2's long suffix
     shape->push_back(v);
     skip();
