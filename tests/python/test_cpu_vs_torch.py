@@ -232,7 +232,7 @@ CASES = _targeted_cases() + _engine_cases() + _random_cases()
 
 def _cpu_command(flce_bin, case, files, out_dir, out_dtype):
     extra = []
-    if case.grad_logits is not None:
+    if case.grad_logits is not None and case.grad:  # flce refuses it without --grad
         extra += ["--grad-logits", case.grad_logits]
     if case.gemm is not None:
         extra += ["--gemm", case.gemm]
