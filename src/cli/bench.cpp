@@ -134,6 +134,12 @@ void check_problem_fits(const Setup& s) {
   throw Failure{msg};
 }
 
+// --filter-eps given where `backend` runs the pass: only the cpu's filters.
+Failure filter_eps_ignored_by(const std::string& backend) {
+  return Failure{"--filter-eps: the " + backend + " backend ignores it (it computes the exact "
+                 "gradients), so there is no filtered pass to compare"};
+}
+
 Setup read_setup(const Args& args) {
   Setup s;
   check(args.get_int("n", &s.n));
@@ -175,8 +181,7 @@ Setup read_setup(const Args& args) {
   s.config.backend = args.get("backend");
   s.config.gemm = args.get("gemm");
   if (s.options.filter_eps != 0 && wants_device(s.config))
-    throw Failure{"--filter-eps: the cuda backend ignores it (it computes the exact gradients), "
-                  "so there is no filtered pass to compare"};
+    throw filter_eps_ignored_by("cuda");
   check_problem_fits(s);
   return s;
 }
@@ -357,8 +362,7 @@ int run_bench(const Args& args) {
   if (s.options.filter_eps != 0 && pass != Pass::forward) {
     run(p);  // which backend runs it: only the cpu's filters
     if (st.backend != "cpu")
-      throw Failure{"--filter-eps: the " + st.backend + " backend ignores it (it computes the "
-                    "exact gradients), so there is no filtered pass to compare"};
+      throw filter_eps_ignored_by(st.backend);
     filter = compare_with_unfiltered(s, p, run, peak, gemm, &t);
     peak_extra = filter.peak_extra;
   } else {
