@@ -410,6 +410,15 @@ std::string validate(const Problem& p, Pass pass, Dims* dims) {
   return "";
 }
 
+std::string validate_inputs(const Problem& p, Dims* dims) {
+  Dims d;
+  if (auto e = check_inputs(p, &d); !e.empty()) return e;
+  if (auto e = check_options(p.options); !e.empty()) return e;
+  if (auto e = check_values(p, d); !e.empty()) return e;
+  *dims = d;
+  return "";
+}
+
 Dims dims_of(const Problem& p) {
   if (p.logits.present()) return {p.logits.shape[0], 0, p.logits.shape[1], true};
   const bool vh = p.w_layout == WeightLayout::vh;

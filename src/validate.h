@@ -25,6 +25,12 @@ struct Dims {
 // that starts with the argument's name and gives the offending value.
 std::string validate(const Problem& problem, Pass pass, Dims* dims);
 
+// The part of validate() that needs no outputs: the inputs' shapes, dtypes
+// and values and the options. For a caller that sizes its outputs from the
+// inputs (`flce run`), so that a bad input is named before its outputs are
+// allocated; validate() still checks the whole problem.
+std::string validate_inputs(const Problem& problem, Dims* dims);
+
 // "" unless the first `bytes` of a caller's `workspace` overlap a tensor the
 // call reads or writes (the backend overwrites them); checked once the
 // backend, hence the bytes it uses, is known.

@@ -601,6 +601,23 @@ TEST_F(CliShapes, MismatchesBetweenFiles) {
         {"--grad-loss", class_w, "[5]"});
 }
 
+// The inputs are checked before the outputs are sized from them: an empty
+// x of 2^50 rows (a header and no data) asked for a 4 PiB lse and said
+// "out of memory".
+TEST_F(CliShapes, AnEmptyInputIsNamedBeforeItsOutputsAreSized) {
+  const std::string x = tmp.file("x_empty.npy"), w = tmp.file("w_empty.npy");
+  write_bytes(x, npy_bytes("{'descr': '<f4', 'fortran_order': False, "
+                           "'shape': (1125899906842624, 0), }",
+                           {}));
+  write_bytes(w, npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (5, 0), }", {}));
+  for (const char* grad : {"", "--grad"}) {
+    SCOPED_TRACE(grad);
+    Args a = with(with("--x", x), "--w", w);
+    if (*grad) a = plus(a, {grad});
+    fails(a, {"--x", x, "size 0 in dimension 1"});
+  }
+}
+
 TEST_F(CliShapes, BadValuesInsideFiles) {
   const std::string y = write_array(tmp.file("y.npy"), Dtype::i32, {N}, {0, 1, 5, 2});
   fails(with("--labels", y), {"--labels", y, "labels[2] = 5"});

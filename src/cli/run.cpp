@@ -14,6 +14,7 @@
 #include "common/tensor_access.h"
 #include "flce/flce.h"
 #include "io/npy.h"
+#include "validate.h"
 
 namespace flce::cli {
 namespace {
@@ -221,6 +222,10 @@ int run(const Args& args) {
     throw Failure{"--threads: " + std::to_string(threads) + " is not in [1, 4096]"};
   config.threads = int(threads);
   const bool grad = args.has("grad");
+  // Named before the outputs are sized from the inputs: an x of shape
+  // (2^50, 0) would otherwise end in "out of memory".
+  Dims dims;
+  if (auto e = validate_inputs(p, &dims); !e.empty()) throw Failure{explain_api_error(e, args)};
   allocate_outputs(s, p, out == 0 ? Dtype::f32 : Dtype::f64, grad);
   std::vector<std::string> names;
   for (const auto& [file, array] : s.outputs) names.push_back(file);
