@@ -589,17 +589,9 @@ struct VocabCut {
 constexpr int64_t kCutH = 24, kCutV = 2 * kTile + 428;
 const VocabCut kVocabCuts[] = {{"vocab:100x2", 250}, {"vocab:300x1", 310}};
 
-// An f32 problem with W [V, H] and every gradient, shapes without data:
-// enough for make_plan, which reads shapes, dtypes and options only.
+// An f32 step's shapes, for make_plan.
 flce::Problem step_shapes(int64_t n, int64_t h, int64_t v) {
-  static const float none = 0;
-  flce::Problem p;
-  p.x = flce::matrix_view(&none, Dtype::f32, n, h);
-  p.w = flce::matrix_view(&none, Dtype::f32, v, h);
-  p.labels = flce::vector_view(&none, Dtype::i64, n);
-  p.grad_x = flce::matrix_view(&none, Dtype::f32, n, h);
-  p.grad_w = flce::matrix_view(&none, Dtype::f32, v, h);
-  return p;
+  return flce_test::step_shapes(n, h, v, Dtype::f32, Dtype::f32);
 }
 
 // What CpuSoftmaxExtras compares: without per-row outputs, smoothing or an

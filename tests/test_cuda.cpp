@@ -454,17 +454,9 @@ TEST_F(CudaGpu, DeclinesASoftcapOutsideFloat32WithAReason) {
 // ---- Stashed scores (cuda/plan.h) ---------------------------------------------
 
 #ifdef FLCE_HAVE_CUDA
-// Shapes only: planning reads no tensor data. The pointer is aligned as
-// cudaMalloc's are, since the fused kernel's TMA takes only 16-byte aligned
-// rows (a plan of make_plan(p, pass) on an H100 depends on it).
+// A bf16 step with dlogits in bf16 (the benchmark's), gradients as `grads`.
 flce::Problem step_shapes(int64_t n, int64_t h, int64_t v, Dtype grads = Dtype::bf16) {
-  alignas(256) static const float none[1] = {0};
-  flce::Problem p;
-  p.x = flce::matrix_view(&none, Dtype::bf16, n, h);
-  p.w = flce::matrix_view(&none, Dtype::bf16, v, h);
-  p.labels = flce::vector_view(&none, Dtype::i64, n);
-  p.grad_x = flce::matrix_view(&none, grads, n, h);
-  p.grad_w = flce::matrix_view(&none, grads, v, h);
+  flce::Problem p = flce_test::step_shapes(n, h, v, Dtype::bf16, grads);
   p.options.grad_logits_dtype = GradLogitsDtype::storage;
   return p;
 }

@@ -30,4 +30,21 @@ struct ZeroStep {
   }
 };
 
+// A training step's shapes and dtypes and nothing else, for tests of a
+// backend's plan (make_plan reads no tensor data): x [n, h] and W [v, h]
+// as `storage`, int64 labels, grad_x and grad_W as `grads`. Every view
+// points at one zero, aligned as cudaMalloc's memory is, since the cuda
+// plan's fused kernels take only 16-byte aligned rows.
+inline flce::Problem step_shapes(int64_t n, int64_t h, int64_t v, flce::Dtype storage,
+                                 flce::Dtype grads) {
+  alignas(256) static const float none[1] = {0};
+  flce::Problem p;
+  p.x = flce::matrix_view(&none, storage, n, h);
+  p.w = flce::matrix_view(&none, storage, v, h);
+  p.labels = flce::vector_view(&none, flce::Dtype::i64, n);
+  p.grad_x = flce::matrix_view(&none, grads, n, h);
+  p.grad_w = flce::matrix_view(&none, grads, v, h);
+  return p;
+}
+
 }  // namespace flce_test
