@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/bench_problem.h"
 #include "flce/flce.h"
 #include "io/npy.h"
 #include "io/npy_map.h"
@@ -950,15 +951,6 @@ Measured run_measured(const Args& args) {
   return m;
 }
 
-// This process's resident size (VmRSS), KiB; 0 if unknown.
-long resident_kb() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line))
-    if (line.rfind("VmRSS:", 0) == 0) return std::atol(line.c_str() + 6);
-  return 0;
-}
-
 TEST(EvalMemory, PeakResidentMemoryDoesNotGrowWithN) {
 #ifdef __SANITIZE_ADDRESS__
   // ASan's quarantine keeps every freed workspace for a while and its shadow
@@ -991,7 +983,7 @@ TEST(EvalMemory, PeakResidentMemoryDoesNotGrowWithN) {
   for (size_t i = 0; i < w.size(); ++i) w[i] = double(int64_t(i * 7919 % 201) - 100) / 500.0;
   write_array(tmp.file("w.npy"), Dtype::f32, {kV, kH}, w);
   Measured small, large;
-  const long forked_at_kb = resident_kb();
+  const long forked_at_kb = std::max(0L, flce::cli::process_rss_bytes() / 1024);
   for (int64_t n : {kSmall, kLarge}) {
     const Measured m = run_measured({"eval", "--x", file("x", n), "--w", tmp.file("w.npy"),
                                      "--labels", file("y", n), "--out", file("out", n)});

@@ -162,6 +162,8 @@ long process_peak_rss_bytes() {
   return usage.ru_maxrss * 1024L;
 }
 
+long process_rss_bytes() { return status_bytes("VmRSS"); }
+
 void PeakMemory::reset() {
   // Memory the allocator kept after an earlier call's free() would be
   // resident already when this call's workspace reuses it, and the peak would
@@ -173,8 +175,8 @@ void PeakMemory::reset() {
   std::ofstream clear("/proc/self/clear_refs");
   clear << "5";  // 5: reset the peak resident size to the current one
   clear.flush();
-  hwm_ = clear.good() && status_bytes("VmRSS") >= 0;
-  base_ = hwm_ ? status_bytes("VmRSS") : process_peak_rss_bytes();
+  hwm_ = clear.good() && process_rss_bytes() >= 0;
+  base_ = hwm_ ? process_rss_bytes() : process_peak_rss_bytes();
 }
 
 long PeakMemory::extra_bytes() const {

@@ -98,6 +98,10 @@ class PeakMemory {
 // The process's peak resident memory since it started (getrusage).
 long process_peak_rss_bytes();
 
+// The process's resident memory now (/proc/self/status's VmRSS); -1 where
+// that file has none.
+long process_rss_bytes();
+
 // The engine the cpu backend picks for this dtype, or the named one.
 const cpu::GemmEngine* bench_engine(Dtype dtype, const std::string& name);
 
