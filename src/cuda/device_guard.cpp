@@ -5,28 +5,15 @@
 
 #include <cudaTypedefs.h>
 
+#include "cuda/driver_entry.h"
+
 namespace flce::cuda {
-namespace {
-
-template <class Fn>
-Fn driver_function(const char* name, int version) {
-  void* p = nullptr;
-  cudaDriverEntryPointQueryResult found{};
-  if (cudaGetDriverEntryPointByVersion(name, &p, version, cudaEnableDefault, &found) !=
-          cudaSuccess ||
-      found != cudaDriverEntryPointSuccess) {
-    cudaGetLastError();
-    return nullptr;
-  }
-  return reinterpret_cast<Fn>(p);
-}
-
-}  // namespace
 
 bool has_primary_context(int device) {
-  static const auto get_device = driver_function<PFN_cuDeviceGet_v2000>("cuDeviceGet", 2000);
-  static const auto get_state = driver_function<PFN_cuDevicePrimaryCtxGetState_v7000>(
-      "cuDevicePrimaryCtxGetState", 7000);
+  static const auto get_device =
+      reinterpret_cast<PFN_cuDeviceGet_v2000>(driver_entry_point("cuDeviceGet", 2000));
+  static const auto get_state = reinterpret_cast<PFN_cuDevicePrimaryCtxGetState_v7000>(
+      driver_entry_point("cuDevicePrimaryCtxGetState", 7000));
   if (get_device == nullptr || get_state == nullptr) return true;
   CUdevice handle = 0;
   unsigned flags = 0;

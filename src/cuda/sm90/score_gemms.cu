@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "cuda/driver_entry.h"
 #include "cuda/sm90/epilogues.cuh"
 #include "cuda/sm90/score_states.cuh"
 
@@ -15,15 +16,8 @@ namespace flce::cuda::sm90 {
 namespace {
 
 PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static const auto fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
-                                         &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess)
-      p = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-  }();
+  static const auto fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(
+      driver_entry_point("cuTensorMapEncodeTiled", 12000));
   return fn;
 }
 
