@@ -556,6 +556,35 @@ TEST(CudaPlan, StashesWholeBlocksThatFitInGradWOnlyForBf16Dlogits) {
   }
 }
 
+// Runs without a GPU: a step whose GEMMs read f32 (bf16 x and W, f32
+// dlogits) copies x for grad_W's GEMM and W for grad_x's, each only when
+// that gradient is asked for (a frozen head's grad_x alone copied 128 MiB
+// of x at the Llama-3 head).
+TEST(CudaPlan, CopiesXAndWOnlyForTheGradientThatReadsThem) {
+  unsetenv("FLCE_CUDA_TILE");
+  unsetenv("FLCE_CUDA_BLOCK");
+  unsetenv("FLCE_CUDA_STASH");
+  flce::Problem both = step_shapes(8192, 4096, 128256, Dtype::f32);
+  both.options.grad_logits_dtype = GradLogitsDtype::f32;
+  const auto carved = [](const flce::Problem& p) {
+    const flce::cuda::Plan plan =
+        flce::cuda::make_plan(p, Pass::loss_and_grad, flce::cuda::PlanTarget{});
+    EXPECT_EQ(plan.grad_gemm, Dtype::f32);
+    // Pointer arithmetic only: nothing at this address is touched.
+    return flce::cuda::carve_workspace(plan, p, reinterpret_cast<void*>(uintptr_t(1) << 40));
+  };
+  EXPECT_NE(carved(both).x_grad, nullptr);
+  EXPECT_NE(carved(both).w_grad, nullptr);
+  flce::Problem grad_x_only = both;
+  grad_x_only.grad_w = flce::Tensor{};
+  EXPECT_EQ(carved(grad_x_only).x_grad, nullptr);
+  EXPECT_NE(carved(grad_x_only).w_grad, nullptr);
+  flce::Problem grad_w_only = both;
+  grad_w_only.grad_x = flce::Tensor{};
+  EXPECT_NE(carved(grad_w_only).x_grad, nullptr);
+  EXPECT_EQ(carved(grad_w_only).w_grad, nullptr);
+}
+
 // Runs without a GPU: the gradient block that a fused plan for an H100
 // (132 SMs) widens to stash more, within 480 MiB of workspace (plan.cpp,
 // widen_stashing_block). At Gemma-2, blocks of 12288, 20480 and 22528

@@ -251,9 +251,11 @@ Sizes sizes_of(const Plan& plan, const Problem& p) {
                    ? size_t(plan.block_cols * H) * 4
                    : 0;
   s.bytes[10] = plan.grads && p.grad_bias.present() ? size_t(V) * 8 : 0;
+  // Copies of x and W in grad_gemm's dtype: grad_W's GEMM reads x and
+  // grad_x's reads W, so each is made only for the gradient that reads it.
   const bool convert = gemms && plan.grad_gemm != plan.storage;
-  s.bytes[11] = convert ? size_t(plan.block_rows * H) * g_size : 0;
-  s.bytes[12] = convert ? size_t(plan.block_cols * H) * g_size : 0;
+  s.bytes[11] = convert && p.grad_w.present() ? size_t(plan.block_rows * H) * g_size : 0;
+  s.bytes[12] = convert && p.grad_x.present() ? size_t(plan.block_cols * H) * g_size : 0;
   s.bytes[13] = size_t(N * plan.stash_refs) * 4;
   return s;
 }
