@@ -1184,6 +1184,44 @@ TEST_F(CudaGpu, CallersStreamAndScratchGiveTheSameBytes) {
   cudaStreamDestroy(stream);
 }
 
+// A call on a stream that is capturing a CUDA graph is declined before it
+// queues anything, and the caller's capture stays valid: the call's one
+// synchronization (its label checks) failed inside the capture and
+// invalidated it. The legacy stream, while a blocking stream captures in
+// global mode, is declined too.
+TEST_F(CudaGpu, AStreamCapturingAGraphIsDeclinedAndItsCaptureKept) {
+  ZeroStep host(30, 16, 300, true);
+  flce::cuda::DeviceProblem on_device;
+  ASSERT_EQ(on_device.upload(host.p, 0), "");
+  cudaStream_t stream = nullptr;  // blocking: the legacy stream would wait for it
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  flce::RunConfig config = cuda();
+  config.stream = stream;
+  for (cudaStreamCaptureMode mode : {cudaStreamCaptureModeRelaxed, cudaStreamCaptureModeGlobal}) {
+    SCOPED_TRACE(int(mode));
+    ASSERT_EQ(cudaStreamBeginCapture(stream, mode), cudaSuccess);
+    const flce::Status s = flce::loss_and_grad(on_device.problem(), config);
+    EXPECT_FALSE(s.ok());
+    EXPECT_NE(s.error.find("config.stream is capturing a CUDA graph"), std::string::npos)
+        << s.error;
+    if (mode == cudaStreamCaptureModeGlobal) {
+      flce::RunConfig legacy = cuda();
+      const flce::Status l = flce::loss_and_grad(on_device.problem(), legacy);
+      EXPECT_NE(l.error.find("legacy default stream while a blocking stream captures"),
+                std::string::npos)
+          << l.error;
+    }
+    cudaGraph_t graph = nullptr;
+    EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess)
+        << cudaGetErrorString(cudaGetLastError());
+    if (graph) cudaGraphDestroy(graph);
+  }
+  const flce::Status after = flce::loss_and_grad(on_device.problem(), config);
+  EXPECT_TRUE(after.ok()) << after.error;
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  cudaStreamDestroy(stream);
+}
+
 // Whatever a caller's scratch held before gives the same bytes: the fused
 // kernels read the bias for all 256 classes of a subtile that starts below
 // V = 1000, and those reads once reached uninitialised scratch (zeros, then

@@ -89,6 +89,27 @@ std::string pointer_problem(const Problem& p) {
   return "";
 }
 
+// A call reads its label checks back to the host (a synchronization), which
+// a stream capturing a CUDA graph cannot hold: the copy would fail and
+// invalidate the caller's capture. Declined before anything is queued.
+std::string capture_problem(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const cudaError_t e = cudaStreamIsCapturing(stream, &status);
+  if (e == cudaErrorStreamCaptureImplicit) {  // the legacy stream, a blocking one capturing
+    cudaGetLastError();
+    return "config.stream is the legacy default stream while a blocking stream captures a "
+           "CUDA graph; the cuda backend synchronizes once a call (its label checks), so run it "
+           "outside the capture";
+  }
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return "";  // not this check's to judge: the stream checks below name a bad handle
+  }
+  if (status == cudaStreamCaptureStatusNone) return "";
+  return "config.stream is capturing a CUDA graph; the cuda backend synchronizes once a call "
+         "(its label checks), which a capture cannot hold, so run it outside the capture";
+}
+
 // The caller's stream and scratch must belong to the tensors' device: work
 // queued on another device's stream fails as an "invalid resource handle",
 // and a kernel reading another device's memory faults.
@@ -282,6 +303,9 @@ class CudaBackend final : public Backend {
     if (!config.gemm.empty() && config.gemm != "cublas")
       return Support::decline("gemm = '" + config.gemm +
                               "': the cuda backend's GEMMs are cuBLAS ('cublas' or empty)");
+    // Before any other CUDA call, none of which a capture should see.
+    if (auto why = capture_problem(static_cast<cudaStream_t>(config.stream)); !why.empty())
+      return Support::decline(why);
     if (auto why = device_problem(first.device_index); !why.empty()) return Support::decline(why);
     if (auto why = cuda::cublas_problem(); !why.empty()) return Support::decline(why);
     if (auto why = float32_options_problem(p.options, "cuda"); !why.empty())
