@@ -765,6 +765,27 @@ TEST_F(CudaGpu, InputsWhoseRowsOverlapAreDeclined) {
       << out.status.error;
 }
 
+// Outputs interleaved as the columns of one host array (which validate()
+// accepts) come back whole: DeviceProblem gave each its own copy of the
+// array and wrote logprob's back over lse's.
+TEST_F(CudaGpu, InterleavedHostOutputsComeBackWhole) {
+  ZeroStep host(30, 16, 300, false);  // zeros: every lse is log 300, every logprob -log 300
+  std::vector<float> columns(2 * 30, std::nanf(""));
+  host.p.lse = flce::vector_view(columns.data(), Dtype::f32, 30);
+  host.p.lse.stride[0] = 2;
+  host.p.logprob = flce::vector_view(columns.data() + 1, Dtype::f32, 30);
+  host.p.logprob.stride[0] = 2;
+  flce::cuda::DeviceProblem on_device;
+  ASSERT_EQ(on_device.upload(host.p, 0), "");
+  const flce::Status s = flce::forward(on_device.problem(), cuda());
+  ASSERT_TRUE(s.ok()) << s.error;
+  ASSERT_EQ(on_device.download(host.p), "");
+  for (int i = 0; i < 30; ++i) {
+    EXPECT_NEAR(columns[size_t(2 * i)], std::log(300.0), 1e-5) << "lse " << i;
+    EXPECT_NEAR(columns[size_t(2 * i + 1)], -std::log(300.0), 1e-5) << "logprob " << i;
+  }
+}
+
 // ---- The command line ----------------------------------------------------------
 
 std::string command_output(const std::string& command, int* status) {

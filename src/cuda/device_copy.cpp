@@ -29,6 +29,24 @@ size_t span_bytes(const Tensor& t) {
   return size_t(last + 1) * dtype_size(t.dtype);
 }
 
+// The spans as copies, those that overlap merged into one (sorted by start).
+std::vector<DeviceProblem::Copy> merged_spans(std::vector<DeviceProblem::Copy> spans) {
+  const auto start = [](const DeviceProblem::Copy& c) {
+    return reinterpret_cast<uintptr_t>(c.host);
+  };
+  std::sort(spans.begin(), spans.end(),
+            [&](const auto& a, const auto& b) { return start(a) < start(b); });
+  std::vector<DeviceProblem::Copy> merged;
+  for (const DeviceProblem::Copy& c : spans) {
+    DeviceProblem::Copy* last = merged.empty() ? nullptr : &merged.back();
+    if (last && (start(c) == start(*last) || start(c) < start(*last) + last->bytes))
+      last->bytes = std::max(last->bytes, size_t(start(c) + c.bytes - start(*last)));
+    else
+      merged.push_back(c);
+  }
+  return merged;
+}
+
 }  // namespace
 
 bool built_with_cuda() { return true; }
@@ -39,6 +57,9 @@ std::string synchronize() {
 }
 
 std::string time_logits_gemm(const Problem& p, double* seconds) {
+  DeviceGuard guard;  // the buffer and the GEMMs on the problem's device
+  if (auto e = guard.enter(p.x.device_index); !e.empty())
+    return "cannot use cuda:" + std::to_string(p.x.device_index) + " (" + e + ")";
   const int64_t n = p.x.shape[0], h = p.x.shape[1];
   const bool vh = p.w_layout == WeightLayout::vh;
   const int64_t v = vh ? p.w.shape[0] : p.w.shape[1];
@@ -89,18 +110,16 @@ std::string DeviceProblem::upload(const Problem& host, int device) {
   if (auto e = guard.enter(device); !e.empty())
     return "cannot use cuda:" + std::to_string(device) + " (" + e + ")";
   device_ = host;
-  // One copy per host pointer, as long as the longest tensor that starts
-  // there: aliases share it (logits and grad_logits in place; two inputs
-  // of different lengths on one buffer).
+  // One copy per run of overlapping host byte spans: tensors that share
+  // memory on the host share it on the device (logits and grad_logits in
+  // place; two inputs on one buffer; outputs interleaved as the columns of
+  // one array, which a copy each would write back over one another).
   std::vector<Copy> wanted;
   for (auto named : tensors_of(host)) {
     const Tensor& h = *named.tensor;
-    if (!h.present()) continue;
-    auto same = std::find_if(wanted.begin(), wanted.end(),
-                             [&](const Copy& c) { return c.host == h.data; });
-    if (same == wanted.end()) wanted.push_back({h.data, nullptr, span_bytes(h)});
-    else same->bytes = std::max(same->bytes, span_bytes(h));
+    if (h.present()) wanted.push_back({h.data, nullptr, span_bytes(h)});
   }
+  wanted = merged_spans(std::move(wanted));
   for (Copy c : wanted) {
     if (cudaError_t e = cudaMalloc(&c.device, c.bytes ? c.bytes : 1); e != cudaSuccess) {
       cudaGetLastError();
@@ -119,9 +138,10 @@ std::string DeviceProblem::upload(const Problem& host, int device) {
   for (auto named : tensors_of(device_)) {
     Tensor& d = *named.tensor;
     if (!d.present()) continue;
-    d.data = std::find_if(copies_.begin(), copies_.end(), [&](const Copy& c) {
-               return c.host == d.data;
-             })->device;
+    const Copy& c = *std::find_if(copies_.begin(), copies_.end(),
+                                  [&](const Copy& c) { return c.holds(d.data); });
+    d.data = static_cast<char*>(c.device) + (static_cast<const char*>(d.data) -
+                                             static_cast<const char*>(c.host));
     d.device = Device::cuda;
     d.device_index = device;
   }
@@ -134,17 +154,20 @@ std::string DeviceProblem::download(const Problem& host) const {
     return "cannot use cuda:" + std::to_string(device_index_) + " (" + e + ")";
   if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess)
     return std::string("cuda: ") + cudaGetErrorString(e);
+  std::vector<const Copy*> back;  // each copy that holds a written tensor, once
   for (auto named : tensors_of(host)) {
-    const Tensor& h = *named.tensor;
-    if (!named.written || !h.present()) continue;
-    for (const Copy& c : copies_) {
-      if (c.host != h.data || c.bytes == 0) continue;
-      if (cudaError_t e = cudaMemcpy(const_cast<void*>(c.host), c.device, c.bytes,
-                                     cudaMemcpyDeviceToHost);
-          e != cudaSuccess) {
-        cudaGetLastError();
-        return std::string("copying from the device: ") + cudaGetErrorString(e);
-      }
+    if (!named.written || !named.tensor->present()) continue;
+    for (const Copy& c : copies_)
+      if (c.holds(named.tensor->data) && std::find(back.begin(), back.end(), &c) == back.end())
+        back.push_back(&c);
+  }
+  for (const Copy* c : back) {
+    if (c->bytes == 0) continue;
+    if (cudaError_t e = cudaMemcpy(const_cast<void*>(c->host), c->device, c->bytes,
+                                   cudaMemcpyDeviceToHost);
+        e != cudaSuccess) {
+      cudaGetLastError();
+      return std::string("copying from the device: ") + cudaGetErrorString(e);
     }
   }
   return "";

@@ -5,6 +5,7 @@
 // without CUDA every call returns an error that says so.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -49,12 +50,18 @@ class DeviceProblem {
   // Device bytes the copies hold.
   size_t bytes() const;
 
- private:
+  // The device copy of one run of host bytes.
   struct Copy {
     const void* host;
     void* device;
     size_t bytes;
+    bool holds(const void* p) const {
+      const auto at = reinterpret_cast<uintptr_t>(p), from = reinterpret_cast<uintptr_t>(host);
+      return at == from || (at > from && at - from < bytes);
+    }
   };
+
+ private:
   Problem device_;
   std::vector<Copy> copies_;
   int device_index_ = 0;
