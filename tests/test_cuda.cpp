@@ -786,6 +786,25 @@ TEST_F(CudaGpu, InterleavedHostOutputsComeBackWhole) {
   }
 }
 
+// W^T given as W in the hv layout (torch's lm_head.weight.t(): strides
+// [1, H]) is declined, saying which tensor and layout to give instead
+// (flce.torch does that itself).
+TEST_F(CudaGpu, ATransposedViewOfWIsDeclinedNamingTheOtherLayout) {
+  ZeroStep host(30, 16, 300, false);
+  flce::cuda::DeviceProblem on_device;
+  ASSERT_EQ(on_device.upload(host.p, 0), "");
+  flce::Problem p = on_device.problem();
+  p.w_layout = WeightLayout::hv;
+  p.w.shape[0] = 16, p.w.shape[1] = 300;
+  p.w.stride[0] = 1, p.w.stride[1] = 16;
+  const flce::Status s = flce::forward(p, cuda());
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.error.find("w: the cuda backend's GEMMs need unit column stride; stride 16 (a "
+                         "transposed view: give the tensor it views, with w_layout vh)"),
+            std::string::npos)
+      << s.error;
+}
+
 // ---- The command line ----------------------------------------------------------
 
 std::string command_output(const std::string& command, int* status) {

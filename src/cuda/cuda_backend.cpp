@@ -158,9 +158,17 @@ std::string layout_problem(const Problem& p) {
   // The GEMMs' operands: rows of unit stride that do not overlap (cuBLAS
   // needs a leading dimension of at least a row; inputs may overlap).
   for (const Named& a : {Named{"x", &p.x}, Named{"w", &p.w}}) {
-    if (a.t->shape[1] > 1 && a.t->stride[1] != 1)
+    if (a.t->shape[1] > 1 && a.t->stride[1] != 1) {
+      // W^T of a row-major W (torch's lm_head.weight.t()) is that W in the
+      // other layout, no copy needed.
+      const bool transposed_w = a.t == &p.w && a.t->stride[0] == 1;
+      const char* other = p.w_layout == WeightLayout::vh ? "hv" : "vh";
       return std::string(a.name) + ": the cuda backend's GEMMs need unit column stride; stride " +
-             std::to_string(a.t->stride[1]) + " (make it contiguous)";
+             std::to_string(a.t->stride[1]) +
+             (transposed_w ? std::string(" (a transposed view: give the tensor it views, with "
+                                         "w_layout ") + other + ")"
+                           : std::string(" (make it contiguous)"));
+    }
     if (a.t->stride[0] < a.t->shape[1])
       return std::string(a.name) + ": its rows overlap (stride[0] = " +
              std::to_string(a.t->stride[0]) + " < " + std::to_string(a.t->shape[1]) +
