@@ -12,6 +12,7 @@
 
 #include <climits>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <tuple>
 
@@ -347,19 +348,22 @@ class CudaBackend final : public Backend {
     if (auto e = guard.enter(first.device_index); !e.empty()) return "cuda backend: " + e;
     if (auto e = cuda::ready_gemm_handle(); !e.empty()) return e;
     cudaStream_t stream = static_cast<cudaStream_t>(config.stream);
-    void* owned = nullptr;
+    // The call's own scratch, freed on the stream however the call ends.
+    const auto free_on_stream = [stream](void* ptr) { cudaFreeAsync(ptr, stream); };
+    std::unique_ptr<void, decltype(free_on_stream)> owned(nullptr, free_on_stream);
     if (workspace == nullptr) {
       const size_t bytes = cuda::workspace_bytes(cuda::make_plan(p, pass), p);
-      if (cudaError_t e = cudaMallocAsync(&owned, bytes, stream); e != cudaSuccess) {
+      if (cudaError_t e = cudaMallocAsync(&workspace, bytes, stream); e != cudaSuccess) {
         cudaGetLastError();
         return "workspace: cannot allocate " + std::to_string(bytes) +
-               " bytes of device memory (" + cudaGetErrorString(e) + ")";
+               " bytes of device memory (" + cudaGetErrorString(e) +
+               "; config.workspace takes scratch of the caller's)";
       }
-      workspace = owned;
+      owned.reset(workspace);
     }
     std::string error = run_passes(p, pass, stream, workspace);
     if (owned) {
-      if (cudaError_t e = cudaFreeAsync(owned, stream); e != cudaSuccess && error.empty())
+      if (cudaError_t e = cudaFreeAsync(owned.release(), stream); e != cudaSuccess && error.empty())
         error = cuda_error("cuda backend: freeing the workspace", e);
     }
     if (error.empty()) {
