@@ -40,8 +40,9 @@ what was allocated before it: gradients, outputs and (for flce) the
 workspace, which flce's Python layer takes from torch's allocator.
 Correctness: after the timings, the first --variants entry's step and
 forward at each shape are judged at eight rows against the float64 oracle
-under the tolerance policy (oracle_check), so that a fast but wrong kernel
-fails the run's checks.
+under the tolerance policy, and a step with all other rows ignored too,
+with its whole grad_W at the --grad-w-check shapes (oracle_check); outputs
+outside the policy make the run exit 1, so a fast but wrong kernel fails.
 The run ends with the table, then which of #7's targets this run met, for
 the first --variants entry (bench/cuda_targets.py).
 """
@@ -60,7 +61,7 @@ import torch
 import torch.nn.functional as F
 
 import flce
-from cuda_targets import back_to_back_ratios, memory_limit_mib
+from cuda_targets import back_to_back_ratios, memory_limit_mib, oracle_failures
 from cuda_targets import report as targets_report
 
 SHAPES = {
@@ -155,13 +156,19 @@ def time_steady_ms(calls, seconds):
     return out
 
 
+# The cuda backend's settings (README: the cuda backend); a misspelt one
+# would time the defaults under another name.
+VARIANT_SETTINGS = ("FLCE_CUDA_TILE", "FLCE_CUDA_BLOCK", "FLCE_CUDA_STASH", "FLCE_CUDA_FUSED")
+
+
 def parse_variant(text):
     """{env name: value} of a --variants entry ('' for none)."""
     env = {}
     for item in filter(None, text.split("+")):
         name, eq, value = item.partition("=")
-        if not eq or not name.startswith("FLCE_CUDA_"):
-            raise SystemExit(f"--variants: {item!r} is not FLCE_CUDA_<NAME>=<value>")
+        if not eq or name not in VARIANT_SETTINGS:
+            raise SystemExit(f"--variants: {item!r} is not NAME=VALUE with NAME one of "
+                             f"{', '.join(VARIANT_SETTINGS)}")
         env[name] = value
     return env
 
@@ -222,32 +229,51 @@ def module_and_env(variant):
     return (BASELINE, "") if variant == "baseline" else (flce, variant)
 
 
-def oracle_check(x, w, y, softcap, step, fwd, rows=8):
+def oracle_check(x, w, y, softcap, step, fwd, masked_step, grad_w=False, rows=8):
     """The timed calls' outputs at `rows` rows spread over N, judged against
     flce's float64 oracle under the tolerance policy (flce.testing, run on
     the host): the step's lse and grad_x rows, with the stash's u_q, and the
     forward's lse. A row's lse and grad_x depend on that row alone, so the
     oracle runs on those rows (the mean's 1/N becomes grad_loss under
-    reduction 'sum'); grad_W sums over every row and is left to the GPU
-    tests. {output: fraction of its bound used}, or {"error": the
-    failure}."""
+    reduction 'sum'). Then a step at the same plan with every other row's
+    label ignore_index (`masked_step(labels)`): its loss and grad_x rows
+    against the oracle of those rows alone (the mean over the same rows),
+    its other grad_x rows exactly 0, and with `grad_w` its whole grad_W,
+    which then sums over those rows only (minutes of host time at the large
+    heads, so one shape by default). {output: fraction of its bound used},
+    or {"error": the failure}."""
     import flce.testing
     n, v = x.shape[0], w.shape[0]
     idx = torch.linspace(0, n - 1, rows, device=x.device).long()
     xs, ws, ys = x[idx].cpu(), w.cpu(), y[idx].cpu()
     opts = dict(softcap=softcap, chunk_elements=rows * v)
+    policy = dict(grad_cast="bfloat16", packed_scores="float16")
+    masked = torch.full_like(y, -100)
+    masked[idx] = y[idx]
     try:
         used = flce.testing.assert_close(
             {"lse": step.lse[idx].cpu(), "grad_x": step.grad_x[idx].cpu()}, xs, ws, ys,
             reduction="sum", grad_loss=torch.tensor(1.0 / n, dtype=torch.float64),
-            grad_cast="bfloat16", packed_scores="float16", **opts)
+            **policy, **opts)
         fwd_used = flce.testing.assert_close({"lse": fwd.lse[idx].cpu()}, xs, ws, ys, **opts)
+        m = masked_step(masked)
+        others = torch.ones(n, dtype=torch.bool, device=x.device)
+        others[idx] = False
+        nonzero = int(torch.count_nonzero(m.grad_x[others]))
+        if nonzero:
+            raise AssertionError(f"masked step: {nonzero} grad_x entries of ignored rows are not 0")
+        got = {"loss": m.loss.cpu(), "grad_x": m.grad_x[idx].cpu()}
+        if grad_w:
+            got["grad_w"] = m.grad_w.cpu()
+        del m
+        masked_used = flce.testing.assert_close(got, xs, ws, ys, **policy, **opts)
     except AssertionError as e:
         return {"error": str(e)}
-    return {"step " + k: r for k, r in used.items()} | {"fwd lse": fwd_used["lse"]}
+    return ({"step " + k: r for k, r in used.items()} | {"fwd lse": fwd_used["lse"]} |
+            {"masked step " + k: r for k, r in masked_used.items()})
 
 
-def bench_shape(name, reps, variants, back_to_back=0, steady=0.0):
+def bench_shape(name, reps, variants, back_to_back=0, steady=0.0, grad_w_shapes=()):
     n, h, v, softcap = SHAPES[name]
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(n, h, device="cuda", generator=g).to(torch.bfloat16)
@@ -262,8 +288,8 @@ def bench_shape(name, reps, variants, back_to_back=0, steady=0.0):
     gx, gw = torch.empty_like(x), torch.empty_like(w)
 
     # flce, per variant.
-    def step(m=flce):
-        return m.loss_and_grad(x, w, y, softcap=softcap, grad_logits_dtype="storage",
+    def step(m=flce, labels=y):
+        return m.loss_and_grad(x, w, labels, softcap=softcap, grad_logits_dtype="storage",
                                grad_dtype="input", backend="cuda")
 
     def fwd(m=flce):
@@ -335,9 +361,13 @@ def bench_shape(name, reps, variants, back_to_back=0, steady=0.0):
     first = variants[0]  # the table's, as cuda_targets judges
     step_result = run(first, step)()
     row["eager_loss"], row["flce_loss"] = eager()[0].item(), float(step_result.loss)
-    row["oracle"] = oracle_check(x, w, y, softcap, step_result, run(first, fwd)())
-    print(f"  {name} {first or 'default'} against the oracle at 8 rows: {row['oracle']}",
-          flush=True)
+    started = time.time()
+    row["oracle"] = oracle_check(x, w, y, softcap, step_result, run(first, fwd)(),
+                                 lambda labels: run(first, lambda m: step(m, labels))(),
+                                 grad_w=name in grad_w_shapes)
+    print(f"  {name} {first or 'default'} against the oracle at 8 rows"
+          f"{' (and grad_W)' if name in grad_w_shapes else ''}, {time.time() - started:.0f} s: "
+          f"{row['oracle']}", flush=True)
     del step_result
     del xe, we
     torch.cuda.empty_cache()
@@ -393,6 +423,10 @@ def main():
                     help="also run the GEMM and each variant's forward alone in a loop for "
                          "SECONDS and print the time they settle at (last third), with "
                          "nvidia-smi's SM clock, power and power-cap share")
+    ap.add_argument("--grad-w-check", default="h1024", metavar="SHAPES",
+                    help="shapes whose oracle check also judges a whole grad_W (a step "
+                         "with all but 8 rows ignored; minutes of host time at the large "
+                         "heads; '' for none)")
     ap.add_argument("--baseline", metavar="DIR",
                     help="also time the flce package in DIR (another build's python "
                          "directory) as the variant 'baseline', in the same rounds")
@@ -407,16 +441,22 @@ def main():
         print(f"baseline: flce {BASELINE.version()} from {args.baseline}", flush=True)
     props = torch.cuda.get_device_properties(0)
     print(f"device: {props.name}, torch {torch.__version__}, flce {flce.version()}", flush=True)
+    shapes = args.shapes.split(",")
+    grad_w_shapes = [s for s in args.grad_w_check.split(",") if s]
+    for flag, names in (("--shapes", shapes), ("--grad-w-check", grad_w_shapes)):
+        for name in names:
+            if name not in SHAPES:
+                raise SystemExit(f"{flag}: {name!r} is not one of {', '.join(SHAPES)}")
     rows = []
-    for name in args.shapes.split(","):
-        if name not in SHAPES:
-            raise SystemExit(f"--shapes: {name!r} is not one of {', '.join(SHAPES)}")
-        rows.append(bench_shape(name, args.reps, variants, args.back_to_back, args.steady))
+    for name in shapes:
+        rows.append(bench_shape(name, args.reps, variants, args.back_to_back, args.steady,
+                                grad_w_shapes))
+        if args.json:  # after each shape: a later failure keeps the finished ones
+            with open(args.json, "w") as f:
+                json.dump({"device": props.name, "torch": torch.__version__, "rows": rows}, f,
+                          indent=1)
     if args.profile:
         profile(args.profile)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": props.name, "torch": torch.__version__, "rows": rows}, f, indent=1)
     print("\n| shape (N x H x V) | 3 GEMMs | flce step | ratio | 1 GEMM | flce fwd | ratio "
           "| eager step | eager / flce | flce step extra | grads + 512 MiB | eager extra |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -434,6 +474,10 @@ def main():
     print("\nAgainst #7's targets (bench/cuda_targets.py), this run:")
     for line in targets_report(rows):
         print("  " + line)
+    wrong = oracle_failures(rows)
+    if wrong:  # a speed figure of wrong outputs means nothing: the run fails
+        print("\nOutputs outside the tolerance policy: " + "; ".join(wrong))
+        sys.exit(1)
 
 
 if __name__ == "__main__":

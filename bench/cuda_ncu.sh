@@ -12,6 +12,7 @@ cd "$(dirname "$0")/.."
 bash .ci/gpu build > /dev/null 2>&1 || { echo "build failed: build-gpu/logs"; exit 1; }
 out=${OUT:-build-gpu/logs}
 cases=("$@")
+failed=0
 ((${#cases[@]})) || cases=("gemma2 fwd States" "gemma2 step Dlogits" "llama3 fwd States" "llama3 step Dlogits")
 secs="--section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis"
 secs+=" --section MemoryWorkloadAnalysis --section SchedulerStats --section InstructionStats"
@@ -21,6 +22,7 @@ for c in "${cases[@]}"; do
   echo "=== $1 $2: the first gemm_rows_kernel launch with the $3 epilogue"
   PYTHONPATH=build-gpu/python timeout 200 ncu --kernel-name-base demangled \
     --kernel-name "regex:gemm_rows_kernel.*$3" --launch-count 1 $secs --print-details all \
-    python3 bench/cuda_one_call.py "$1" "$2" > "$report" 2>&1 || echo "ncu failed: $report"
+    python3 bench/cuda_one_call.py "$1" "$2" > "$report" 2>&1 || { echo "ncu failed: $report"; failed=1; }
   grep -E "Duration|SM Frequency|L2 Cache Throughput|DRAM Throughput|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Pipe Tensor Cycles Active  |Inst Executed Pipe Xu|^ +Stall (Barrier|Wait|Long Scoreboard|MIO Throttle|GMMA)" "$report"
 done
+exit $failed

@@ -12,7 +12,8 @@ The targets, in bf16 at each benchmark shape:
 A fast but wrong kernel would meet them all, so a run also counts its
 flce outputs at eight rows against the float64 oracle under the tolerance
 policy (cuda_bench.py's oracle_check; rows of runs from before it have
-none, and skip it).
+none, and skip it), and oracle_failures() names the shapes where they
+failed, which fail the run.
 The issue names no limits between H = 1024 and 2304; below 2304 the
 H = 1024 ones apply here (the benchmark's shapes have H = 1024, 2304, 4096).
 """
@@ -64,6 +65,19 @@ def checks(row, variant=0):
         checked.append(("outputs at 8 rows, fraction of the policy's bound", used, 1.0,
                         used <= 1.0))
     return checked
+
+
+def oracle_failures(rows):
+    """'shape: why' for each row whose outputs failed the oracle check (the
+    first variant's; rows from before the check have none)."""
+    out = []
+    for row in rows:
+        oracle = row.get("oracle", {})
+        if "error" in oracle:
+            out.append(f"{row['shape']}: {oracle['error']}")
+        elif oracle and max(oracle.values()) > 1.0:
+            out.append(f"{row['shape']}: {max(oracle.values()):.3f} of a bound")
+    return out
 
 
 def report(rows, variant=0):

@@ -86,3 +86,14 @@ def test_outputs_must_agree_with_the_oracle():
     assert not met(r, ORACLE)
     lines = targets.report([r])
     assert lines[-1] == "4 of 5 checks met"
+
+
+def test_outputs_outside_the_policy_fail_the_run():
+    ok, over, wrong, old = (row(2304, 1.0, 1.0) for _ in range(4))
+    ok["oracle"] = {"step lse": 0.02, "masked step grad_w": 1.0}
+    over["oracle"] = {"step lse": 0.02, "masked step grad_w": 1.5}
+    wrong["oracle"] = {"error": "masked step: 3 grad_x entries of ignored rows are not 0"}
+    assert targets.oracle_failures([ok, old]) == []  # old: a run from before the check
+    assert targets.oracle_failures([ok, over, wrong]) == [
+        "h2304: 1.500 of a bound",
+        "h2304: masked step: 3 grad_x entries of ignored rows are not 0"]
