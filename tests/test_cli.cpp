@@ -422,7 +422,16 @@ TEST_F(CliRun, RerunOverwritesCleanly) {
 
 TEST_F(CliRun, StaleGradientsAreRemovedButNotInputs) {
   EXPECT_EQ(succeeds(plus(args, {"--grad"})), (forward_and({"grad_x.npy", "grad_w.npy"})));
-  EXPECT_EQ(succeeds(args), kForwardFiles);  // the first run's gradients are gone
+  // The first run's gradients are gone, with a note (they may have been
+  // the user's own files of those names).
+  const Result r = run(args);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("flce run: note: removed grad_x.npy, grad_w.npy from --out " + out +
+                       " (output names this run does not write)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(snapshot_dir(out).size(), kForwardFiles.size());
+  EXPECT_EQ(run(args).err, "");  // nothing to remove: no note
   fs::remove_all(out);
   EXPECT_EQ(succeeds(plus(logits_args(), {"--grad"})), (forward_and({"grad_logits.npy"})));
   const auto first = snapshot_dir(out);

@@ -158,8 +158,7 @@ std::vector<std::string> commit_outputs(const std::string& dir, const Renames& r
     const fs::path other = fs::path(dir) / file;
     for (const std::string& input : inputs) ours |= fs::equivalent(other, input, ec);
     if (ours || !fs::is_regular_file(other, ec)) continue;
-    if (remove_others) fs::remove(other, ec);
-    else others.push_back(file);
+    if (!remove_others || fs::remove(other, ec)) others.push_back(file);
   }
   return others;
 }

@@ -35,8 +35,8 @@ std::filesystem::path temporary_path(const std::string& dir, const std::string& 
 // removed and Failure is thrown). Then, of the other file names either
 // command may write (grad_w.npy beside an eval's outputs, say), except a
 // file that is one of `inputs` (`--logits DIR/grad_logits.npy`): removes
-// them if `remove_others` (`flce run`: DIR holds one run's outputs), else
-// returns those present.
+// them if `remove_others` (`flce run`: DIR holds one run's outputs) and
+// returns those removed, else returns those present.
 using Renames = std::vector<std::pair<std::filesystem::path, std::filesystem::path>>;
 std::vector<std::string> commit_outputs(const std::string& dir, const Renames& renames,
                                         const std::vector<std::string>& inputs,

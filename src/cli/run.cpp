@@ -183,7 +183,14 @@ void write_outputs(const RunState& s, const std::string& dir,
       throw Failure{"--out: " + e};
     }
   }
-  commit_outputs(dir, written, inputs, /*remove_others=*/true);
+  const std::vector<std::string> removed = commit_outputs(dir, written, inputs,
+                                                         /*remove_others=*/true);
+  if (removed.empty()) return;
+  std::string names;
+  for (const std::string& name : removed) names += (names.empty() ? "" : ", ") + name;
+  // They may be the user's own files of those names, not an earlier run's.
+  std::fprintf(stderr, "flce run: note: removed %s from --out %s (output names this run "
+               "does not write)\n", names.c_str(), dir.c_str());
 }
 
 void print_summary(const RunState& s, const Status& status, const Problem& p,
