@@ -7,8 +7,8 @@
 // numpy nor libtorch and works for any array library that exposes a pointer.
 //
 // Every call validates through the C++ library; its Status comes back as
-// (error, backend) and the Python layer raises ValueError with the message
-// verbatim. Malformed descriptors (wrong Python types, unknown dtype names)
+// (error, backend, ...) and the Python layer raises ValueError with the
+// message verbatim. Malformed descriptors (wrong Python types, unknown dtype names)
 // raise TypeError here, because they are mistakes in the caller's types, not
 // in the values of a problem.
 #include <pybind11/pybind11.h>
@@ -59,7 +59,10 @@ flce::Tensor parse_tensor(const std::string& name, py::handle desc) {
                          ": expected a descriptor (data, dtype, shape, strides, device, index)");
   py::tuple t = py::reinterpret_borrow<py::tuple>(desc);
   flce::Tensor out;
-  out.data = reinterpret_cast<void*>(static_cast<uintptr_t>(as_int(t[0], name + " data")));
+  const int64_t address = as_int(t[0], name + " data");
+  if (address < 0)
+    throw py::value_error(name + ": data pointer " + std::to_string(address) + " < 0");
+  out.data = reinterpret_cast<void*>(static_cast<uintptr_t>(address));
   out.dtype = parse_dtype(as_str(t[1], name + " dtype"), name);
   if (!py::isinstance<py::tuple>(t[2]) || !py::isinstance<py::tuple>(t[3]))
     throw py::type_error(name + ": shape and strides must be tuples");
@@ -174,10 +177,12 @@ flce::Problem parse_problem(const py::dict& tensors, const py::dict& options) {
           key, as_str(v, key),
           {{"f32", flce::GradLogitsDtype::f32}, {"storage", flce::GradLogitsDtype::storage}});
     } else if (key == "filter_eps") {  // a number >= 0, or "auto"
-      o.filter_eps = py::isinstance<py::str>(v) && as_str(v, key) == "auto" ? flce::kFilterEpsAuto
-                                                                           : as_double(v, key);
+      if (py::isinstance<py::str>(v) && as_str(v, key) != "auto")
+        throw py::value_error("filter_eps = " + std::string(py::repr(v)) +
+                              ": must be a number >= 0 (0 turns filtering off) or 'auto'");
+      o.filter_eps = py::isinstance<py::str>(v) ? flce::kFilterEpsAuto : as_double(v, key);
       if (!py::isinstance<py::str>(v) && o.filter_eps < 0)  // -1 is the C++ API's auto
-        throw py::value_error("filter_eps = " + std::to_string(o.filter_eps) +
+        throw py::value_error("filter_eps = " + std::string(py::str(v)) +
                               ": must be >= 0 (0 turns filtering off) or 'auto'");
     } else if (key == "w_layout") {
       p.w_layout = parse_enum<flce::WeightLayout>(
@@ -210,7 +215,10 @@ flce::RunConfig parse_config(const py::dict& config) {
       if (!py::isinstance<py::tuple>(item.second) || py::len(item.second) != 2)
         throw py::type_error("workspace: expected (pointer, bytes)");
       py::tuple w = item.second.cast<py::tuple>();
-      c.workspace = reinterpret_cast<void*>(static_cast<uintptr_t>(as_int(w[0], "workspace")));
+      const int64_t address = as_int(w[0], "workspace");
+      if (address < 0)
+        throw py::value_error("workspace: pointer " + std::to_string(address) + " < 0");
+      c.workspace = reinterpret_cast<void*>(static_cast<uintptr_t>(address));
       const int64_t bytes = as_int(w[1], "workspace bytes");
       if (bytes < 0) throw py::value_error("workspace: " + std::to_string(bytes) + " bytes");
       c.workspace_bytes = size_t(bytes);
@@ -265,7 +273,7 @@ PYBIND11_MODULE(_flce, m) {
   m.def("run", &run, py::arg("pass_"), py::arg("tensors"), py::arg("options"),
         py::arg("config"),
         "Runs one pass ('forward', 'backward', 'loss_and_grad') on descriptors; returns "
-        "(error, backend), error empty on success.");
+        "(error, backend, (grad_blocks, grad_blocks_skipped)), error empty on success.");
   m.def("workspace_size", &workspace_size, py::arg("pass_"), py::arg("tensors"),
         py::arg("options"), py::arg("config"),
         "Returns (error, backend, bytes): the scratch bytes the chosen backend needs.");

@@ -166,6 +166,12 @@ def test_numpy_uint16_is_bfloat16_bits():
     assert r16.loss == r32.loss  # these values are exact in bf16
     assert np.array_equal(flce.bf16_bits_to_float32(r16.grad_x),
                           torch.from_numpy(r32.grad_x).bfloat16().float().numpy())
+    # Bit patterns of another integer dtype are taken; values are not.
+    assert flce.bf16_bits_to_float32(np.array([0x3FC0])) == np.float32(1.5)
+    with pytest.raises(TypeError, match=r"^bits: dtype float64 holds values, not bfloat16"):
+        flce.bf16_bits_to_float32(np.array([1.0, 2.0]))
+    with pytest.raises(ValueError, match=r"^bits: 0 \.\. 70000 is outside the 16-bit"):
+        flce.bf16_bits_to_float32(np.array([0, 70000]))
     # A 0-D array keeps its shape both ways.
     assert bits(np.array(1.5, dtype=np.float32)).shape == ()
     assert flce.bf16_bits_to_float32(np.array(0x3FC0, dtype=np.uint16)) == np.float32(1.5)
@@ -401,7 +407,13 @@ def test_bad_inputs_raise_the_library_message(change, error, message):
      r"^out\['lse'\]: this output array"),
     ({"inplace": True}, ValueError, r"^inplace: only the logits-level entry"),
     ({"filter_eps": -1.0}, ValueError, r"^filter_eps = -1.0+: must be >= 0"),
-    ({"filter_eps": "often"}, TypeError, r"^filter_eps: expected a number, got str"),
+    ({"filter_eps": "often"}, ValueError,
+     r"^filter_eps = 'often': must be a number >= 0 \(0 turns filtering off\) or 'auto'"),
+    ({"filter_eps": -1}, ValueError, r"^filter_eps = -1: must be >= 0"),
+    ({"grad_loss": 10 ** 400}, ValueError, r"^grad_loss: 10{400} is beyond float64"),
+    ({"backend": ""}, ValueError, r"^backend: '' names none; None leaves the choice"),
+    ({"gemm": ""}, ValueError, r"^gemm: '' names none"),
+    ({"argmax_dtype": np.int16}, ValueError, r"^argmax_dtype: <class 'numpy.int16'> is not"),
     ({"filter_eps": float("nan")}, ValueError, r"^filter_eps = nan"),
     # Each argument named, none coerced in silence.
     ({"z_loss": True}, TypeError, r"^z_loss: expected a number, got bool"),
@@ -430,12 +442,37 @@ def test_unsigned_labels_numpy_scalars_and_gradients_of_the_wrong_entry():
     want = flce.loss_and_grad(x, w, y, grad_loss=2.0)
     got = flce.loss_and_grad(x, w, y.astype(np.uint16), grad_loss=np.float32(2))
     assert got.loss == want.loss and np.array_equal(got.grad_w, want.grad_w)
+    # Every integer dtype is class indices (int8 and int16 were refused with
+    # a list of float dtypes; numpy uint16 is bfloat16 bits elsewhere).
+    for labels in [y.astype(t) for t in (np.int8, np.int16, np.uint8, np.uint32, np.uint64)] + \
+            [torch.from_numpy(y).to(t) for t in (torch.uint8, torch.int8, torch.int16)]:
+        got = flce.loss_and_grad(x, w, labels)
+        assert got.loss == flce.loss_and_grad(x, w, y).loss, labels.dtype
+    with pytest.raises(ValueError, match=r"^labels: 18446744073709551615 does not fit in int64"):
+        flce.forward(x, w, np.full(N, 2 ** 64 - 1, np.uint64))
+    with pytest.raises(TypeError, match=r"^labels: a numpy masked array; flce reads every value"):
+        flce.forward(x, w, np.ma.array(y, mask=[1] + [0] * (N - 1)))
     logits = x @ w.T
     with pytest.raises(ValueError,
                        match=r"^grads: 'w': the logits-level entry \(logits=...\) writes grad_logits"):
         flce.loss_and_grad(logits=logits, labels=y, grads="w")
     with pytest.raises(ValueError, match="^grads: 'logits': the head entry"):
         flce.loss_and_grad(x, w, y, grads="logits")
+
+
+def test_dtype_arguments_take_names_numpy_and_torch_dtypes_and_none_as_default():
+    x, w, y = _problem()
+    for spec in ("float64", "f8", "d", np.float64, np.dtype(np.float64), torch.float64):
+        assert flce.forward(x, w, y, out_dtype=spec).lse.dtype == np.float64, spec
+    assert flce.forward(x, w, y, out_dtype=None).lse.dtype == np.float32  # the default
+    for spec in ("int32", np.int32, torch.int32):
+        r = flce.forward(x, w, y, outputs="argmax", argmax_dtype=spec)
+        assert r.argmax.dtype == np.int32, spec
+    assert flce.forward(x, w, y, outputs="argmax", argmax_dtype=None).argmax.dtype == np.int64
+    r = flce.forward(x, w, y)
+    assert r["lse"] is r.lse
+    with pytest.raises(KeyError):
+        r["nope"]
 
 
 def test_read_only_output_and_pass_specific_errors():
@@ -536,3 +573,7 @@ def test_binding_range_checks_name_the_bad_value():
             binding.run("forward", {"x": desc + (index,)}, {}, {})
     with pytest.raises(ValueError, match=r"workspace: -5 bytes"):
         binding.run("forward", {"x": desc + (0,)}, {}, {"workspace": (0, -5)})
+    with pytest.raises(ValueError, match=r"^x: data pointer -8 < 0"):
+        binding.run("forward", {"x": (-8,) + desc[1:] + (0,)}, {}, {})
+    with pytest.raises(ValueError, match=r"^workspace: pointer -8 < 0"):
+        binding.run("forward", {"x": desc + (0,)}, {}, {"workspace": (-8, 64)})

@@ -54,6 +54,8 @@ class Result:
             setattr(self, name, arrays.get(name))
 
     def __getitem__(self, name):
+        if name not in FORWARD_OUTPUTS + GRADIENTS:
+            raise KeyError(name)
         return getattr(self, name)
 
     def as_dict(self):
@@ -78,19 +80,24 @@ def version():
 _FLOAT_NAMES = {"float32": "f32", "f32": "f32", "float64": "f64", "f64": "f64"}
 
 
+def _dtype_name(spec):
+    """The name of a dtype given as a name ('float32', 'f4'), a numpy dtype
+    or type, or a torch dtype; None for anything else (None included)."""
+    if spec is None:
+        return None
+    if str(spec).startswith("torch."):
+        return str(spec)[len("torch."):]
+    try:
+        return _arrays.np.dtype(spec).name
+    except (TypeError, ValueError):
+        return spec if isinstance(spec, str) else None
+
+
 def _float_dtype(spec, what, input_dtype=None):
     """'float32'/'float64' (or numpy/torch float32/float64, or 'input')."""
     if spec == "input" and input_dtype is not None:
         return input_dtype
-    if isinstance(spec, str):
-        key = spec
-    elif str(spec).startswith("torch."):
-        key = str(spec)[len("torch."):]
-    else:
-        try:
-            key = _arrays.np.dtype(spec).name
-        except TypeError:
-            key = None
+    key = spec if spec in _FLOAT_NAMES else _dtype_name(spec)
     if key in _FLOAT_NAMES:
         return _FLOAT_NAMES[key]
     allowed = "'float32' or 'float64'" + (" or 'input'" if input_dtype else "")
@@ -148,6 +155,20 @@ _INPUT_NAMES = ("x", "w", "bias", "logits", "labels", "token_weights", "class_we
                 "grad_loss", "grad_lse", "grad_entropy", "lse")
 
 
+def _as_class_indices(labels):
+    """Labels of an integer dtype other than int32 and int64 (numpy's uint16
+    would otherwise read as bfloat16 bits; int8, uint8, ...) as an int64
+    copy; other labels as they are, for the library to judge."""
+    if isinstance(labels, np.ndarray) and labels.dtype.kind in "iu" and \
+            labels.dtype.newbyteorder("=") not in (np.dtype(np.int32), np.dtype(np.int64)):
+        if labels.size and labels.dtype.kind == "u" and labels.max() > np.iinfo(np.int64).max:
+            raise ValueError(f"labels: {labels.max()} does not fit in int64")
+        return labels.astype(np.int64)
+    if _arrays.is_torch(labels) and labels.dtype in _arrays.torch_narrow_ints():
+        return labels.long()
+    return labels
+
+
 def _plain(value):
     """numpy/Python numbers as Python int/float (the binding takes those only;
     anything else goes through and gets its TypeError there)."""
@@ -169,13 +190,12 @@ def _call(pass_, args, measure=False):
     ref = logits if logits is not None else x
     grad_loss = inputs["grad_loss"]
     if isinstance(grad_loss, numbers.Real) and not isinstance(grad_loss, bool):
-        inputs["grad_loss"] = _arrays.scalar_like_kind(ref, float(grad_loss))
-    labels = inputs["labels"]
-    if isinstance(labels, np.ndarray) and labels.dtype.kind == "u":
-        # numpy token ids (uint16 would read as bfloat16 bits): int64 copies.
-        if labels.size and labels.max() > np.iinfo(np.int64).max:
-            raise ValueError(f"labels: {labels.max()} does not fit in int64")
-        inputs["labels"] = labels.astype(np.int64)
+        try:
+            value = float(grad_loss)
+        except OverflowError:
+            raise ValueError(f"grad_loss: {grad_loss} is beyond float64") from None
+        inputs["grad_loss"] = _arrays.scalar_like_kind(ref, value)
+    inputs["labels"] = _as_class_indices(inputs["labels"])
 
     keep = []  # owners (inputs, copies, outputs) alive until the call returns
     tensors = {}
@@ -186,13 +206,15 @@ def _call(pass_, args, measure=False):
 
     dims = _dims(tensors, options["w_layout"])
     in_dtype = tensors["logits" if logits is not None else "x"][1] if ref is not None else None
-    out_dt = _float_dtype(args.get("out_dtype", "float32"), "out_dtype")
+    out_dtype = args.get("out_dtype")
+    out_dt = _float_dtype("float32" if out_dtype is None else out_dtype, "out_dtype")
     grad_dtype = args.get("grad_dtype")
     grad_dt = out_dt if grad_dtype is None else _float_dtype(grad_dtype, "grad_dtype",
                                                              in_dtype or "f32")
-    argmax_dtype = args.get("argmax_dtype", "int64")
+    argmax_dtype = args.get("argmax_dtype")
+    argmax_dtype = "int64" if argmax_dtype is None else _dtype_name(argmax_dtype) or argmax_dtype
     if argmax_dtype not in ("int64", "int32"):
-        raise ValueError(f"argmax_dtype: {argmax_dtype!r} is not 'int64' or 'int32'")
+        raise ValueError(f"argmax_dtype: {args.get('argmax_dtype')!r} is not 'int64' or 'int32'")
 
     wanted = []
     if pass_ != "backward":
@@ -264,6 +286,9 @@ def _call(pass_, args, measure=False):
     if threads is not None and (isinstance(threads, bool) or
                                 not isinstance(threads, numbers.Integral)):
         raise TypeError(f"threads: expected an int, got {type(threads).__name__}")
+    for name in ("backend", "gemm"):
+        if args[name] == "":
+            raise ValueError(f"{name}: '' names none; None leaves the choice to the library")
     config = {"backend": args["backend"], "gemm": args["gemm"], "threads": int(threads or 0)}
     if measure:
         error, ran, nbytes = _workspace_size(pass_, tensors, options, config)

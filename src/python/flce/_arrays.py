@@ -50,6 +50,14 @@ def _torch_dtypes():
     }
 
 
+def torch_narrow_ints():
+    """torch's integer dtypes that int64 holds exactly, but for int32 and
+    int64 themselves (uint16 and uint32 exist from torch 2.3)."""
+    torch = _torch()
+    names = ("uint8", "int8", "int16", "uint16", "uint32")
+    return {getattr(torch, n) for n in names if hasattr(torch, n)}
+
+
 def type_name(obj):
     t = type(obj)
     return t.__name__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__name__}"
@@ -125,6 +133,9 @@ def describe(name, obj, output=False):
     """(descriptor, owner): owner is obj itself or the copy described."""
     if is_torch(obj):
         return _torch_descriptor(name, obj, output)
+    if isinstance(obj, np.ma.MaskedArray):  # flce would read the masked values too
+        raise TypeError(f"{name}: a numpy masked array; flce reads every value, so pass "
+                        f"arr.filled(...) (for labels, filled with ignore_index)")
     if isinstance(obj, np.ndarray):
         return _numpy_descriptor(name, obj, output)
     raise TypeError(f"{name}: expected a numpy.ndarray or torch.Tensor, got {type_name(obj)}")
@@ -215,8 +226,18 @@ def to_float64(obj):
 
 
 def bf16_bits_to_float32(bits):
-    """uint16 bfloat16 bit patterns -> float32 values (exact)."""
-    bits = np.asarray(bits, dtype=np.uint16)
+    """uint16 bfloat16 bit patterns -> float32 values (exact). Integers in
+    [0, 65535] of another dtype are taken as bit patterns too; anything else
+    (floats: values, not bits) is a TypeError or ValueError."""
+    arr = np.asarray(bits)
+    if arr.dtype != np.uint16:
+        if arr.dtype.kind not in "iu":
+            raise TypeError(f"bits: dtype {arr.dtype} holds values, not bfloat16 bit patterns "
+                            f"(uint16); for values use float32_to_bf16_bits")
+        if arr.size and (arr.min() < 0 or arr.max() > 0xFFFF):
+            raise ValueError(f"bits: {arr.min()} .. {arr.max()} is outside the 16-bit patterns "
+                             f"[0, 65535]")
+    bits = arr.astype(np.uint16)
     wide = np.asarray(bits.astype(np.uint32) << 16, dtype=np.uint32)  # 0-D stays an array
     return wide.reshape(-1).view(np.float32).reshape(bits.shape)
 
