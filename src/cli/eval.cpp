@@ -544,6 +544,9 @@ int eval(const Args& args) {
     return forward_block(p, config);
   };
 
+  // Started before the first block, which its rate counts (started after
+  // it, the first frame's rate counted one block's rows in no time).
+  Progress progress(::isatty(STDERR_FILENO) == 1 && !args.has("no-progress"), N);
   // The first block before any file is created: every error the API can
   // find (options, dtypes, the backend or GEMM engine) is found here.
   Status status = compute(0, B);
@@ -562,7 +565,6 @@ int eval(const Args& args) {
     return f.write(r0, narrow.data(), b);
   };
 
-  Progress progress(::isatty(STDERR_FILENO) == 1 && !args.has("no-progress"), N);
   Totals t;
   const Tensor y_all = vector_view(in.labels.data(), in.labels.dtype(), N);
   for (int64_t r0 = 0; r0 < N; r0 += B) {
