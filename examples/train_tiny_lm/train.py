@@ -18,7 +18,8 @@ head weight are saved for `flce eval`.
     /usr/bin/python3 examples/train_tiny_lm/train.py [--steps 200] [--threads 1] [--out DIR]
 
 flce's Python package is imported from $FLCE_PYTHONPATH, else from the
-build tree (build/python next to this repository's examples/).
+build tree (build/python next to this repository's examples/). The `flce
+eval` command printed at the end names $FLCE_BIN, else build/flce.
 """
 
 import argparse
@@ -196,9 +197,6 @@ def main():
 
     torch.set_num_threads(args.threads)
     model, data, vocab = build(args)
-    print(f"text {args.text}: {len(data['train_y'])} training and {len(data['val_y'])} "
-          f"validation tokens, vocabulary {vocab} byte pairs; flce backend "
-          f"{flce.backends()[0][0]}, {args.threads} threads")
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     step = make_step(model, opt, "flce", args.threads)
 
@@ -206,10 +204,13 @@ def main():
         with torch.no_grad():
             h = model.hidden(data["val_x"])
             r = flce.forward(h, model.head.weight, data["val_y"], threads=args.threads)
-            return float(r.loss), h
+            return float(r.loss), h, r.backend
 
     g = torch.Generator().manual_seed(args.seed)
-    start_val, _ = val_loss()
+    start_val, _, backend = val_loss()
+    print(f"text {args.text}: {len(data['train_y'])} training and {len(data['val_y'])} "
+          f"validation tokens, vocabulary {vocab} byte pairs; flce backend {backend} (the "
+          f"one that ran), {args.threads} threads")
     print(f"step {0:5d}  validation loss {start_val:.4f} (a uniform guess: ln V = "
           f"{math.log(vocab):.4f})")
     t0, first = time.perf_counter(), None
@@ -221,7 +222,7 @@ def main():
         if i % every == 0 or i == args.steps:
             print(f"step {i:5d}  training loss {loss:.4f}  validation loss {val_loss()[0]:.4f}")
     seconds = time.perf_counter() - t0
-    end_val, h = val_loss()
+    end_val, h, _ = val_loss()
     print(f"trained {args.steps} steps in {seconds:.1f} s; validation loss {start_val:.4f} -> "
           f"{end_val:.4f}")
     print(f"RESULT first_train_loss={first:.4f} last_train_loss={loss:.4f} "

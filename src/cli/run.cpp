@@ -41,7 +41,7 @@ const std::vector<Flag>& run_flags() {
       {"grad-loss", "G.npy", "cotangent of the loss: 0-d for sum/mean, [N] for none"},
       {"grad-lse", "G.npy", "cotangent of lse [N]"},
       {"grad-entropy", "G.npy", "cotangent of the entropy [N]"},
-      {"grad-logits", "f32|storage", "dtype of dlogits before the gradient GEMMs (cpu; default f32)"},
+      {"grad-logits", "f32|storage", "dtype of dlogits before the gradient GEMMs (default f32)"},
       {"filter-eps", "E|auto", "gradient filtering (cpu, with --grad): skip dlogits blocks with all |G| <= E kappa_i; auto = storage epsilon / 32 (default 0, off)"},
       {"backend", "NAME", "force a backend (see `flce backends`)"},
       {"gemm", "NAME", "the GEMM engine: openblas|onednn|eigen for cpu, cublas for cuda"},
