@@ -97,7 +97,7 @@ def _float_dtype(spec, what, input_dtype=None):
     """'float32'/'float64' (or numpy/torch float32/float64, or 'input')."""
     if spec == "input" and input_dtype is not None:
         return input_dtype
-    key = spec if spec in _FLOAT_NAMES else _dtype_name(spec)
+    key = spec if isinstance(spec, str) and spec in _FLOAT_NAMES else _dtype_name(spec)
     if key in _FLOAT_NAMES:
         return _FLOAT_NAMES[key]
     allowed = "'float32' or 'float64'" + (" or 'input'" if input_dtype else "")
