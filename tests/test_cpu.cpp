@@ -333,6 +333,29 @@ TEST(CpuEdge, NaNAndInfRows) {
   }
 }
 
+// A vocabulary mask written as the lowest float (a bias of -FLT_MAX, or
+// such logits) over a whole tile: the tile's f32 sum of e^(s - max) s is
+// -inf, its weight in the row's entropy e^(max - lse) is 0, and 0 * inf made
+// every entropy and, with an entropy cotangent, every gradient NaN (the
+// oracle's are finite).
+TEST(CpuEdge, AVocabularyMaskAtTheLowestFloatKeepsTheEntropyFinite) {
+  for (bool head_entry : {false, true}) {
+    SCOPED_TRACE(head_entry ? "bias" : "logits");
+    Case c = head_entry ? head(6, 8, 3 * kTile).with_bias() : logits(6, 3 * kTile);
+    c.with_grad_entropy();
+    DenseProblem d = c.problem();
+    for (int64_t j = kTile; j < 2 * kTile; ++j) {
+      if (head_entry) d.bias[size_t(j)] = -double(FLT_MAX);
+      else
+        for (int64_t i = 0; i < d.n; ++i) d.logits[size_t(i * d.v + j)] = -double(FLT_MAX);
+    }
+    for (Pass pass : {Pass::forward, Pass::loss_and_grad, Pass::backward}) {
+      SCOPED_TRACE(flce::pass_name(pass));
+      check(d, c.storage(), pass);
+    }
+  }
+}
+
 // Label smoothing on a class of weight 0 whose logit is infinite: c_j logp_j
 // is 0 * inf, NaN in the semantics (as in PyTorch); the kernels dropped the
 // class and gave a finite loss. (Where the logit is +inf, lse is too and the
