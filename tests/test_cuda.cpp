@@ -7,6 +7,7 @@
 // is skipped with the reason (ctest shows it as skipped, never as passed).
 #include <gtest/gtest.h>
 
+#include <cfloat>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -1087,6 +1088,38 @@ TEST_F(CudaGpu, FusedStashedScoresFarBelowTheMaxReadAsMinusInfinity) {
   SKIP_WITHOUT_FUSED();
   stash_through_fused_tiles();
   check_steps_with_huge_class_0(32, 1100);
+}
+
+// A vocabulary mask at the lowest finite float (-FLT_MAX, or bf16's
+// -0x1.fep127) over whole tiles: a running f32 sum of e^(s - max) s there is
+// -inf, rescaled by 0 when a larger max arrives, and 0 * inf made every
+// entropy and, with an entropy cotangent, every gradient NaN (the oracle's
+// are finite). In the generic kernels (logits; an f32 head) and the fused
+// ones (a bf16 head).
+TEST_F(CudaGpu, AVocabularyMaskAtTheLowestFloatKeepsTheEntropyFinite) {
+  struct Masked {
+    Case c;
+    int64_t from, to;  // the masked classes
+  };
+  std::vector<Masked> cases = {{logits(6, 300), 100, 200}, {head(6, 8, 300).with_bias(), 100, 200}};
+  if (FLCE_FUSED_MISSING().empty())
+    cases.push_back({fused_head(6, 16, 1100, 1).with_bias(), 256, 768});
+  for (Masked& m : cases) {
+    m.c.with_grad_entropy();
+    DenseProblem d = m.c.problem();
+    const bool bf16 = m.c.storage().inputs == Dtype::bf16;
+    const double lowest = bf16 ? -0x1.fep127 : -double(FLT_MAX);
+    SCOPED_TRACE((d.logits_entry ? "logits, " : "head, ") + std::string(bf16 ? "bf16" : "f32"));
+    for (int64_t j = m.from; j < m.to; ++j) {
+      if (!d.logits_entry) d.bias[size_t(j)] = lowest;
+      else
+        for (int64_t i = 0; i < d.n; ++i) d.logits[size_t(i * d.v + j)] = lowest;
+    }
+    for (Pass pass : {Pass::forward, Pass::loss_and_grad, Pass::backward}) {
+      SCOPED_TRACE(flce::pass_name(pass));
+      check(d, m.c.storage(), pass);
+    }
+  }
 }
 
 TEST_F(CudaGpu, FusedStatesEachOptionAlone) {

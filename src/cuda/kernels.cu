@@ -207,7 +207,7 @@ __global__ void tile_states_kernel(LossArgs g, ScoreTile tile, int64_t t, int64_
     if (group_max > max) {  // one rescale per quad, when the max rises
       const float f = max == -kInf ? 0.0f : exp_of(shift_of(max) - shift_of(group_max));
       sum_exp *= f;
-      if (kSbar) sum_exp_s *= f;
+      if (kSbar) sum_exp_s = drop_or_scale(sum_exp_s, f);
       max = group_max;
       arg_c = -1;
     }
@@ -351,8 +351,12 @@ __global__ void merge_rows_kernel(LossArgs g, const TileState* states, int64_t t
     if (max == INFINITY || max == -INFINITY) {  // every p_j is inf - inf: NaN, as the oracle's
       sbar = NAN;
     } else if (g.need_sbar) {
-      for (int64_t t = lane; t < tiles; t += 32)
-        if (st[t].max != -kInf) sbar += exp(double(st[t].max) - lse) * double(st[t].sum_exp_s);
+      for (int64_t t = lane; t < tiles; t += 32) {
+        // A tile of weight 0 adds nothing, though its f32 sum may be -inf
+        // (a vocabulary mask at -FLT_MAX), and 0 * inf is NaN.
+        const double weight = st[t].max == -kInf ? 0.0 : exp(double(st[t].max) - lse);
+        if (weight != 0) sbar += weight * double(st[t].sum_exp_s);
+      }
       sbar = warp_sum(sbar);
     }
   }

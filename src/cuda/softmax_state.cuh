@@ -27,6 +27,13 @@ inline __device__ int64_t load_int(const DView& t, int64_t i) {
 
 inline __device__ float shift_of(float m) { return isfinite(m) ? m : 0.0f; }
 
+// A running sum of e^(s - max) s rescaled by f = e^(max - new max): 0 where
+// f underflowed (each term's weight e^(s - new max) is then below 2^-149),
+// though the sum may be -inf (scores at -FLT_MAX, a vocabulary mask, sum to
+// it in f32) and 0 * inf is NaN (every entropy and entropy gradient of the
+// row).
+inline __device__ float drop_or_scale(float sum, float f) { return f == 0 ? 0.0f : sum * f; }
+
 // e^x for the rescales and merges: CUDA's exp2f (2 ulp, as expf; one
 // MUFU.EX2 and a subnormal fix-up) of x log2(e), against expf's range
 // reduction of about a dozen instructions. Rounding the product moves the
@@ -142,7 +149,7 @@ struct State {
     const float f = max == -kInf ? 0.0f : exp_of(shift_of(max) - shift_of(m));
     const float fo = o.max == -kInf ? 0.0f : exp_of(shift_of(o.max) - shift_of(m));
     sum_exp = sum_exp * f + o.sum_exp * fo;
-    sum_exp_s = sum_exp_s * f + o.sum_exp_s * fo;
+    sum_exp_s = drop_or_scale(sum_exp_s, f) + drop_or_scale(o.sum_exp_s, fo);
     sum_cs += o.sum_cs;
     if (o.max > max) argmax = o.argmax;
     else if (o.max == max) argmax = min_index(argmax, o.argmax);

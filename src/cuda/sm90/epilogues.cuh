@@ -248,7 +248,7 @@ struct States {
       if (group_max > row.max) {
         const float f = row.max == -kInf ? 0.0f : exp_of(shift_of(row.max) - shift_of(group_max));
         row.sum_exp *= f;
-        if (kSbar) row.sum_exp_s *= f;
+        if (kSbar) row.sum_exp_s = drop_or_scale(row.sum_exp_s, f);
         row.max = group_max;
         row.arg_c = -1;
       }
