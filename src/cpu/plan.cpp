@@ -195,7 +195,8 @@ bool packable(const Problem& p, const Plan& plan) {
 const char* forced_grad_x_split() { return std::getenv("FLCE_CPU_GRAD_X_SPLIT"); }
 
 // Plan::grad_x_vocab_split: rows outer with grad_x and H up to
-// kVocabSplitMaxHidden (the parts then take at most 4 R H floats, 1 MiB).
+// kVocabSplitMaxHidden (the parts then take at most 4 R H floats: 1 MiB, 2
+// MiB with packed scores' R of up to 512).
 bool grad_x_vocab_split(const Problem& p, const Plan& plan) {
   const bool grad_x = plan.pass != Pass::forward && p.grad_x.present() && !plan.d.logits_entry;
   if (!grad_x || plan.vocab_outer) return false;

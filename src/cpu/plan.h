@@ -137,7 +137,7 @@ struct Plan {
   bool compact_bf16_g = false;
   // A bf16 training step whose G goes to the GEMMs in bf16 (grad_logits_dtype
   // = storage), rows outer: the [R, V] block holds each score as the f16
-  // bits of ref - s, ref being the row's running max after the score's tile
+  // bits of ref - s, ref being the row's max within the score's tile
   // (Workspace::score_refs), instead of an f32 score, so R doubles within
   // the budget and grad_W's accumulator and W are streamed half as often
   // (S2 bf16 step: R = 96 -> 192). The gradient pass reads s back within

@@ -122,7 +122,7 @@ void scores_and_states(const Context& c, int64_t i0, int64_t rows) {
         const int64_t y = load_int(c.p.labels, i0 + r);
         if (y >= j0 && y < j0 + n) c.ws.label_score[r] = s[y - j0];
       }
-      if (plan.packed_scores) {  // ref: the running max (>= every s here), if finite
+      if (plan.packed_scores) {  // ref: the tile's max in the row (>= every s here), if finite
         const float ref = std::isfinite(st->max) ? st->max : 0.0f;
         c.ws.score_refs[r * plan.tiles + t] = ref;
         plan.kernels->pack_scores(s, n, ref, ScoreBlock{c.ws.scores, plan.scores_ld, 0}.codes(r, j0));
