@@ -92,7 +92,8 @@ std::string pointer_problem(const Problem& p) {
 
 // A call reads its label checks back to the host (a synchronization), which
 // a stream capturing a CUDA graph cannot hold: the copy would fail and
-// invalidate the caller's capture. Declined before anything is queued.
+// invalidate the caller's capture. Declined before anything is queued; run
+// with the tensors' device current.
 std::string capture_problem(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   const cudaError_t e = cudaStreamIsCapturing(stream, &status);
@@ -312,10 +313,17 @@ class CudaBackend final : public Backend {
     if (!config.gemm.empty() && config.gemm != "cublas")
       return Support::decline("gemm = '" + config.gemm +
                               "': the cuda backend's GEMMs are cuBLAS ('cublas' or empty)");
-    // Before any other CUDA call, none of which a capture should see.
-    if (auto why = capture_problem(static_cast<cudaStream_t>(config.stream)); !why.empty())
-      return Support::decline(why);
     if (auto why = device_problem(first.device_index); !why.empty()) return Support::decline(why);
+    {
+      // On the tensors' device: the null and per-thread handles are the
+      // current device's streams, and a query from another device would
+      // create a context there (~500 MB of a GPU the caller never used).
+      cuda::DeviceGuard on;
+      if (auto e = on.enter(first.device_index); !e.empty())
+        return Support::decline("cuda backend: " + e);
+      if (auto why = capture_problem(static_cast<cudaStream_t>(config.stream)); !why.empty())
+        return Support::decline(why);
+    }
     if (auto why = cuda::cublas_problem(); !why.empty()) return Support::decline(why);
     if (auto why = float32_options_problem(p.options, "cuda"); !why.empty())
       return Support::decline(why);
