@@ -801,7 +801,8 @@ TEST_F(CudaGpu, ATransposedViewOfWIsDeclinedNamingTheOtherLayout) {
   const flce::Status s = flce::forward(p, cuda());
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.error.find("w: the cuda backend's GEMMs need unit column stride; stride 16 (a "
-                         "transposed view: give the tensor it views, with w_layout vh)"),
+                         "transposed view: give the tensor it views, with w_layout vh, and "
+                         "grad_w likewise)"),
             std::string::npos)
       << s.error;
 }

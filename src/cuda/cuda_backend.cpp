@@ -168,7 +168,7 @@ std::string layout_problem(const Problem& p) {
       return std::string(a.name) + ": the cuda backend's GEMMs need unit column stride; stride " +
              std::to_string(a.t->stride[1]) +
              (transposed_w ? std::string(" (a transposed view: give the tensor it views, with "
-                                         "w_layout ") + other + ")"
+                                         "w_layout ") + other + ", and grad_w likewise)"
                            : std::string(" (make it contiguous)"));
     }
     if (a.t->stride[0] < a.t->shape[1])
