@@ -101,7 +101,7 @@ std::string time_logits_gemm(const Problem& p, double* seconds) {
 DeviceProblem::~DeviceProblem() {
   DeviceGuard guard;
   guard.enter(device_index_);
-  for (const Copy& c : copies_) cudaFree(c.device);
+  for (const Copy& c : copies_) cudaFree(c.allocation);
 }
 
 std::string DeviceProblem::upload(const Problem& host, int device) {
@@ -121,11 +121,14 @@ std::string DeviceProblem::upload(const Problem& host, int device) {
   }
   wanted = merged_spans(std::move(wanted));
   for (Copy c : wanted) {
-    if (cudaError_t e = cudaMalloc(&c.device, c.bytes ? c.bytes : 1); e != cudaSuccess) {
+    const size_t shift = reinterpret_cast<uintptr_t>(c.host) % 256;  // cudaMalloc's is 0
+    if (cudaError_t e = cudaMalloc(&c.allocation, shift + (c.bytes ? c.bytes : 1));
+        e != cudaSuccess) {
       cudaGetLastError();
       return "cannot allocate " + std::to_string(c.bytes) + " bytes on cuda:" +
              std::to_string(device) + ": " + cudaGetErrorString(e);
     }
+    c.device = static_cast<char*>(c.allocation) + shift;
     copies_.push_back(c);
     if (c.bytes && c.host != nullptr) {
       if (cudaError_t e = cudaMemcpy(c.device, c.host, c.bytes, cudaMemcpyHostToDevice);

@@ -50,11 +50,14 @@ class DeviceProblem {
   // Device bytes the copies hold.
   size_t bytes() const;
 
-  // The device copy of one run of host bytes.
+  // The device copy of one run of host bytes, at `device`, which agrees with
+  // `host` modulo 256 (inside `allocation`): each tensor in the run is as
+  // aligned on the device as on the host.
   struct Copy {
     const void* host;
     void* device;
     size_t bytes;
+    void* allocation = nullptr;
     bool holds(const void* p) const {
       const auto at = reinterpret_cast<uintptr_t>(p), from = reinterpret_cast<uintptr_t>(host);
       return at == from || (at > from && at - from < bytes);
