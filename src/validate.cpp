@@ -401,8 +401,7 @@ std::string validate(const Problem& p, Pass pass, Dims* dims) {
   if (pass != Pass::forward && pass != Pass::backward && pass != Pass::loss_and_grad)
     return format("pass: value %d is not forward, backward or loss_and_grad", int(pass));
   Dims d;
-  if (auto e = check_inputs(p, &d); !e.empty()) return e;
-  if (auto e = check_options(p.options); !e.empty()) return e;
+  if (auto e = validate_inputs(p, &d); !e.empty()) return e;
   if (auto e = check_outputs(p, pass, d); !e.empty()) return e;
   if (auto e = check_devices_and_aliasing(p, pass); !e.empty()) return e;
   if (auto e = check_values(p, d); !e.empty()) return e;
@@ -411,12 +410,8 @@ std::string validate(const Problem& p, Pass pass, Dims* dims) {
 }
 
 std::string validate_inputs(const Problem& p, Dims* dims) {
-  Dims d;
-  if (auto e = check_inputs(p, &d); !e.empty()) return e;
-  if (auto e = check_options(p.options); !e.empty()) return e;
-  if (auto e = check_values(p, d); !e.empty()) return e;
-  *dims = d;
-  return "";
+  if (auto e = check_inputs(p, dims); !e.empty()) return e;
+  return check_options(p.options);
 }
 
 Dims dims_of(const Problem& p) {

@@ -25,10 +25,10 @@ struct Dims {
 // that starts with the argument's name and gives the offending value.
 std::string validate(const Problem& problem, Pass pass, Dims* dims);
 
-// The part of validate() that needs no outputs: the inputs' shapes, dtypes
-// and values and the options. For a caller that sizes its outputs from the
-// inputs (`flce run`), so that a bad input is named before its outputs are
-// allocated; validate() still checks the whole problem.
+// validate()'s first checks, which need no outputs: the inputs' shapes and
+// dtypes (setting *dims), and the options. For a caller that sizes its
+// outputs from the inputs (`flce run`), so that a bad input is named before
+// its outputs are allocated; validate() still checks the whole problem.
 std::string validate_inputs(const Problem& problem, Dims* dims);
 
 // "" unless the first `bytes` of a caller's `workspace` overlap a tensor the
