@@ -121,7 +121,8 @@ fs::path temporary_path(const std::string& dir, const std::string& name) {
 
 std::vector<std::string> commit_outputs(const std::string& dir, const Renames& renames,
                                         const std::vector<std::string>& inputs,
-                                        bool remove_others) {
+                                        bool remove_others,
+                                        std::vector<std::string>* not_removed) {
   std::error_code ec;
   std::vector<fs::path> kept(renames.size());  // where a replaced file's copy waits
   auto fail = [&](size_t done, const std::string& why) {
@@ -159,6 +160,7 @@ std::vector<std::string> commit_outputs(const std::string& dir, const Renames& r
     for (const std::string& input : inputs) ours |= fs::equivalent(other, input, ec);
     if (ours || !fs::is_regular_file(other, ec)) continue;
     if (!remove_others || fs::remove(other, ec)) others.push_back(file);
+    else if (not_removed) not_removed->push_back(std::string(file) + ": " + ec.message());
   }
   return others;
 }

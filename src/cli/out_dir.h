@@ -36,10 +36,12 @@ std::filesystem::path temporary_path(const std::string& dir, const std::string& 
 // command may write (grad_w.npy beside an eval's outputs, say), except a
 // file that is one of `inputs` (`--logits DIR/grad_logits.npy`): removes
 // them if `remove_others` (`flce run`: DIR holds one run's outputs) and
-// returns those removed, else returns those present.
+// returns those removed (and, in *not_removed, "NAME: why" of those it
+// could not remove), else returns those present.
 using Renames = std::vector<std::pair<std::filesystem::path, std::filesystem::path>>;
 std::vector<std::string> commit_outputs(const std::string& dir, const Renames& renames,
                                         const std::vector<std::string>& inputs,
-                                        bool remove_others);
+                                        bool remove_others,
+                                        std::vector<std::string>* not_removed = nullptr);
 
 }  // namespace flce::cli

@@ -183,14 +183,18 @@ void write_outputs(const RunState& s, const std::string& dir,
       throw Failure{"--out: " + e};
     }
   }
+  std::vector<std::string> not_removed;
   const std::vector<std::string> removed = commit_outputs(dir, written, inputs,
-                                                         /*remove_others=*/true);
-  if (removed.empty()) return;
+                                                         /*remove_others=*/true, &not_removed);
+  // They may be the user's own files of those names, not an earlier run's.
   std::string names;
   for (const std::string& name : removed) names += (names.empty() ? "" : ", ") + name;
-  // They may be the user's own files of those names, not an earlier run's.
-  std::fprintf(stderr, "flce run: note: removed %s from --out %s (output names this run "
-               "does not write)\n", names.c_str(), dir.c_str());
+  if (!names.empty())
+    std::fprintf(stderr, "flce run: note: removed %s from --out %s (output names this run "
+                 "does not write)\n", names.c_str(), dir.c_str());
+  for (const std::string& why : not_removed)  // this run's outputs are in place regardless
+    std::fprintf(stderr, "flce run: warning: --out %s keeps %s (not this run's output)\n",
+                 dir.c_str(), why.c_str());
 }
 
 void print_summary(const RunState& s, const Status& status, const Problem& p,
