@@ -134,8 +134,9 @@ def describe(name, obj, output=False):
     if is_torch(obj):
         return _torch_descriptor(name, obj, output)
     if isinstance(obj, np.ma.MaskedArray):  # flce would read the masked values too
+        fill = " (with ignore_index)" if name == "labels" else ""
         raise TypeError(f"{name}: a numpy masked array; flce reads every value, so pass "
-                        f"arr.filled(...) (for labels, filled with ignore_index)")
+                        f"arr.filled(...){fill}")
     if isinstance(obj, np.ndarray):
         return _numpy_descriptor(name, obj, output)
     raise TypeError(f"{name}: expected a numpy.ndarray or torch.Tensor, got {type_name(obj)}")
