@@ -156,7 +156,9 @@ Merged merge_states(const simd::SoftmaxState* st, int64_t tiles) {
 // sum_j p_ij s_ij = sum_t exp(max_t - lse) * sum_exp_s_t. A tile whose
 // weight underflows holds only p_ij below 2^-1074, which add nothing; its
 // f32 sum may be -inf (a vocabulary mask at -FLT_MAX: 512 of them), and
-// 0 * inf would make the row's entropy and every gradient of it NaN.
+// 0 * inf would make the row's entropy and every gradient of it NaN. (A row
+// masked whole keeps that -inf in its max tile: its entropy is not finite,
+// where the oracle's is log V.)
 double weighted_mean_score(const simd::SoftmaxState* st, int64_t tiles, double lse) {
   double sbar = 0;
   for (int64_t t = 0; t < tiles; ++t) {

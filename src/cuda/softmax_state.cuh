@@ -31,7 +31,7 @@ inline __device__ float shift_of(float m) { return isfinite(m) ? m : 0.0f; }
 // f underflowed (each term's weight e^(s - new max) is then below 2^-149),
 // though the sum may be -inf (scores at -FLT_MAX, a vocabulary mask, sum to
 // it in f32) and 0 * inf is NaN (every entropy and entropy gradient of the
-// row).
+// row). A row masked whole keeps the -inf in its max's sum: not finite.
 inline __device__ float drop_or_scale(float sum, float f) { return f == 0 ? 0.0f : sum * f; }
 
 // e^x for the rescales and merges: CUDA's exp2f (2 ulp, as expf; one
