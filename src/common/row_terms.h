@@ -5,8 +5,10 @@
 // keeps its own lines, written as the math, so that it stays an independent
 // check of these.
 //
-// Host and device code: plain double arithmetic, no library calls.
+// Host and device code: plain double arithmetic, and exp.
 #pragma once
+
+#include <cmath>
 
 #include "common/host_device.h"
 
@@ -53,6 +55,18 @@ FLCE_HOST_DEVICE inline double row_loss(const LossConstants& k, bool ignored, do
   const double sum_clogp = sum_cs - k.class_sum * lse;
   const double ce = -(1 - k.e) * c_y * logp_y - (k.e > 0 ? (k.e / k.v) * sum_clogp : 0.0);
   return t_i * (ce + z_loss_term(k, lse));
+}
+
+// A tile's share of the row's sum_j p_ij s_ij (for the entropy), from its
+// softmax state: e^(max_t - lse) sum_exp_s_t. A tile whose weight
+// underflows holds only p_ij below 2^-1074, which add nothing; its f32 sum
+// may be -inf (a vocabulary mask at -FLT_MAX: two such scores overflow),
+// and 0 * inf would make the row's entropy and every gradient of it NaN. (A
+// row masked whole keeps that -inf in its max tile: its entropy is not
+// finite, where the oracle's is log V.)
+FLCE_HOST_DEVICE inline double tile_mean_score(float max_t, float sum_exp_s_t, double lse) {
+  const double weight = max_t == -INFINITY ? 0.0 : exp(double(max_t) - lse);
+  return weight == 0 ? 0.0 : weight * double(sum_exp_s_t);
 }
 
 }  // namespace flce

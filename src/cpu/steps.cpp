@@ -153,18 +153,10 @@ Merged merge_states(const simd::SoftmaxState* st, int64_t tiles) {
   return m;
 }
 
-// sum_j p_ij s_ij = sum_t exp(max_t - lse) * sum_exp_s_t. A tile whose
-// weight underflows holds only p_ij below 2^-1074, which add nothing; its
-// f32 sum may be -inf (a vocabulary mask at -FLT_MAX: 512 of them), and
-// 0 * inf would make the row's entropy and every gradient of it NaN. (A row
-// masked whole keeps that -inf in its max tile: its entropy is not finite,
-// where the oracle's is log V.)
+// sum_j p_ij s_ij = sum_t exp(max_t - lse) * sum_exp_s_t (tile_mean_score).
 double weighted_mean_score(const simd::SoftmaxState* st, int64_t tiles, double lse) {
   double sbar = 0;
-  for (int64_t t = 0; t < tiles; ++t) {
-    const double weight = st[t].max == -INFINITY ? 0.0 : std::exp(double(st[t].max) - lse);
-    if (weight != 0) sbar += weight * double(st[t].sum_exp_s);
-  }
+  for (int64_t t = 0; t < tiles; ++t) sbar += tile_mean_score(st[t].max, st[t].sum_exp_s, lse);
   return sbar;
 }
 

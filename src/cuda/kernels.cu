@@ -351,12 +351,8 @@ __global__ void merge_rows_kernel(LossArgs g, const TileState* states, int64_t t
     if (max == INFINITY || max == -INFINITY) {  // every p_j is inf - inf: NaN, as the oracle's
       sbar = NAN;
     } else if (g.need_sbar) {
-      for (int64_t t = lane; t < tiles; t += 32) {
-        // A tile of weight 0 adds nothing, though its f32 sum may be -inf
-        // (a vocabulary mask at -FLT_MAX), and 0 * inf is NaN.
-        const double weight = st[t].max == -kInf ? 0.0 : exp(double(st[t].max) - lse);
-        if (weight != 0) sbar += weight * double(st[t].sum_exp_s);
-      }
+      for (int64_t t = lane; t < tiles; t += 32)
+        sbar += tile_mean_score(st[t].max, st[t].sum_exp_s, lse);
       sbar = warp_sum(sbar);
     }
   }
