@@ -47,6 +47,13 @@ std::vector<DeviceProblem::Copy> merged_spans(std::vector<DeviceProblem::Copy> s
   return merged;
 }
 
+// Makes cuda:`device` current for `guard`'s scope: "" or why it cannot.
+std::string enter_device(DeviceGuard& guard, int device) {
+  if (auto e = guard.enter(device); !e.empty())
+    return "cannot use cuda:" + std::to_string(device) + " (" + e + ")";
+  return "";
+}
+
 }  // namespace
 
 bool built_with_cuda() { return true; }
@@ -58,8 +65,7 @@ std::string synchronize() {
 
 std::string time_logits_gemm(const Problem& p, double* seconds) {
   DeviceGuard guard;  // the buffer and the GEMMs on the problem's device
-  if (auto e = guard.enter(p.x.device_index); !e.empty())
-    return "cannot use cuda:" + std::to_string(p.x.device_index) + " (" + e + ")";
+  if (auto e = enter_device(guard, p.x.device_index); !e.empty()) return e;
   const int64_t n = p.x.shape[0], h = p.x.shape[1];
   const bool vh = p.w_layout == WeightLayout::vh;
   const int64_t v = vh ? p.w.shape[0] : p.w.shape[1];
@@ -107,8 +113,7 @@ DeviceProblem::~DeviceProblem() {
 std::string DeviceProblem::upload(const Problem& host, int device) {
   device_index_ = device;
   DeviceGuard guard;
-  if (auto e = guard.enter(device); !e.empty())
-    return "cannot use cuda:" + std::to_string(device) + " (" + e + ")";
+  if (auto e = enter_device(guard, device); !e.empty()) return e;
   device_ = host;
   // One copy per run of overlapping host byte spans: tensors that share
   // memory on the host share it on the device (logits and grad_logits in
@@ -153,8 +158,7 @@ std::string DeviceProblem::upload(const Problem& host, int device) {
 
 std::string DeviceProblem::download(const Problem& host) const {
   DeviceGuard guard;
-  if (auto e = guard.enter(device_index_); !e.empty())
-    return "cannot use cuda:" + std::to_string(device_index_) + " (" + e + ")";
+  if (auto e = enter_device(guard, device_index_); !e.empty()) return e;
   if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess)
     return std::string("cuda: ") + cudaGetErrorString(e);
   std::vector<const Copy*> back;  // each copy that holds a written tensor, once
