@@ -441,6 +441,20 @@ TEST_F(CliRun, StaleGradientsAreRemovedButNotInputs) {
   EXPECT_EQ(snapshot_dir(out).at("grad_logits.npy"), first.at("grad_logits.npy"));
 }
 
+TEST_F(CliRun, AStaleGradientThatCannotBeRemovedIsNamedInAWarning) {
+  EXPECT_EQ(succeeds(plus(args, {"--grad"})), (forward_and({"grad_x.npy", "grad_w.npy"})));
+  const flce_test::ImmutableFile pinned(out + "/grad_x.npy");  // not even root removes it
+  if (!pinned.ok()) GTEST_SKIP() << "cannot set the immutable flag here (needs root and ext4/xfs/btrfs)";
+  const Result r = run(args);
+  EXPECT_EQ(r.code, 0) << r.err;  // this run's outputs are in place
+  EXPECT_NE(r.err.find("flce run: note: removed grad_w.npy from --out " + out), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("flce run: warning: --out " + out + " keeps grad_x.npy: "),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(snapshot_dir(out).size(), kForwardFiles.size() + 1);
+}
+
 TEST_F(CliRun, BadRunLeavesEarlierOutputsUntouched) {
   EXPECT_EQ(succeeds(plus(args, {"--grad"})), (forward_and({"grad_x.npy", "grad_w.npy"})));
   const auto good = snapshot_dir(out);

@@ -188,4 +188,22 @@ TEST(OutDir, ACommitReplacesAndRemovesOrReportsOnlyOtherOutputs) {
   }
 }
 
+TEST(OutDir, AnOtherOutputThatCannotBeRemovedIsReportedAndTheCommitStands) {
+  flce_test::TempDir dir;
+  write_bytes(dir.file("grad_w.npy"), Bytes{2});  // an output this commit lacks
+  write_bytes(dir.file(".loss.npy.tmp"), Bytes{5});
+  // Even root cannot remove an immutable file: the one way to make the
+  // remove fail here while the rename beside it succeeds.
+  const flce_test::ImmutableFile pinned(dir.file("grad_w.npy"));
+  if (!pinned.ok()) GTEST_SKIP() << "cannot set the immutable flag here (needs root and ext4/xfs/btrfs)";
+  std::vector<std::string> not_removed;
+  const auto others = commit_outputs(dir.path(), {{dir.file(".loss.npy.tmp"), dir.file("loss.npy")}},
+                                     {}, /*remove_others=*/true, &not_removed);
+  EXPECT_EQ(others, std::vector<std::string>{});
+  ASSERT_EQ(not_removed.size(), 1u);
+  EXPECT_EQ(not_removed[0].rfind("grad_w.npy: ", 0), 0u) << not_removed[0];
+  EXPECT_EQ(snapshot_dir(dir.path()),
+            (std::map<std::string, Bytes>{{"loss.npy", Bytes{5}}, {"grad_w.npy", Bytes{2}}}));
+}
+
 }  // namespace

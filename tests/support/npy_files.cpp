@@ -1,6 +1,10 @@
 #include "support/npy_files.h"
 
+#include <fcntl.h>
+#include <linux/fs.h>
 #include <stdlib.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -112,6 +116,29 @@ std::map<std::string, Bytes> snapshot_dir(const std::string& dir) {
     files[name] = entry.is_regular_file() ? read_bytes(entry.path().string()) : Bytes{};
   }
   return files;
+}
+
+namespace {
+
+bool set_immutable(const std::string& path, bool on) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return false;
+  int flags = 0;
+  bool ok = ::ioctl(fd, FS_IOC_GETFLAGS, &flags) == 0;
+  flags = on ? flags | FS_IMMUTABLE_FL : flags & ~FS_IMMUTABLE_FL;
+  ok = ok && ::ioctl(fd, FS_IOC_SETFLAGS, &flags) == 0;
+  ::close(fd);
+  return ok;
+}
+
+}  // namespace
+
+ImmutableFile::ImmutableFile(std::string path) : path_(std::move(path)) {
+  ok_ = set_immutable(path_, true);
+}
+
+ImmutableFile::~ImmutableFile() {
+  if (ok_) set_immutable(path_, false);
 }
 
 }  // namespace flce_test

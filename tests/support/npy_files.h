@@ -57,4 +57,20 @@ Bytes read_bytes(const std::string& path);
 // (a subdirectory maps to no bytes); empty when `dir` does not exist.
 std::map<std::string, Bytes> snapshot_dir(const std::string& dir);
 
+// Sets a file's immutable flag (chattr +i) for its lifetime, so that even
+// root cannot remove or replace the file; ok() is false where the
+// filesystem or the user's privileges do not allow the flag.
+class ImmutableFile {
+ public:
+  explicit ImmutableFile(std::string path);
+  ~ImmutableFile();  // clears the flag, else the file's TempDir cannot go
+  ImmutableFile(const ImmutableFile&) = delete;
+  ImmutableFile& operator=(const ImmutableFile&) = delete;
+  bool ok() const { return ok_; }
+
+ private:
+  std::string path_;
+  bool ok_ = false;
+};
+
 }  // namespace flce_test
