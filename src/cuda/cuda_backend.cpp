@@ -95,21 +95,21 @@ std::string pointer_problem(const Problem& p) {
 // invalidate the caller's capture. Declined before anything is queued; run
 // with the tensors' device current.
 std::string capture_problem(cudaStream_t stream) {
+  const char* why = "; the cuda backend synchronizes once a call (its label checks), which a "
+                    "capture cannot hold, so run it outside the capture";
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   const cudaError_t e = cudaStreamIsCapturing(stream, &status);
   if (e == cudaErrorStreamCaptureImplicit) {  // the legacy stream, a blocking one capturing
     cudaGetLastError();
-    return "config.stream is the legacy default stream while a blocking stream captures a "
-           "CUDA graph; the cuda backend synchronizes once a call (its label checks), so run it "
-           "outside the capture";
+    return std::string("config.stream is the legacy default stream while a blocking stream "
+                       "captures a CUDA graph") + why;
   }
   if (e != cudaSuccess) {
     cudaGetLastError();
     return "";  // not this check's to judge: the stream checks below name a bad handle
   }
   if (status == cudaStreamCaptureStatusNone) return "";
-  return "config.stream is capturing a CUDA graph; the cuda backend synchronizes once a call "
-         "(its label checks), which a capture cannot hold, so run it outside the capture";
+  return std::string("config.stream is capturing a CUDA graph") + why;
 }
 
 // The caller's stream and scratch must belong to the tensors' device: work
