@@ -16,16 +16,26 @@ namespace flce_test {
 // which drops terms by design. Everything else is always elementwise.
 enum class WeightGradients { elementwise, normwise };
 
+// The per-row outputs a call asks for besides loss and lse. A backend may
+// take another path for fewer: with no argmax the cuda backend's fused pass
+// 1 shifts by the softcap; with neither entropy nor argmax (a training
+// step, as flce.torch calls it) it keeps no sum of p s at all, and its G
+// takes the plain forms.
+enum class RowOutputs {
+  all,             // logprob, argmax, entropy, zloss
+  all_but_argmax,  // logprob, entropy, zloss
+  none,            // loss and lse alone
+};
+
 // Runs `pass` with `config` (for backward: after a forward() whose stored
 // lse it reads, adding that storage's roundoff to the policy) and checks
 // every output written against the brute force under `precision`. Expects
-// the backend `config.backend` to have run. With argmax false the call asks
-// for no argmax output (a backend may then take another path: the cuda
-// backend's fused pass 1 shifts by the softcap). `views` lays the arrays
-// out (random_problem.h).
+// the backend `config.backend` to have run. `rows` says which per-row
+// outputs the call asks for; `views` lays the arrays out (random_problem.h).
 void expect_agreement(const DenseProblem& d, const Storage& st, flce::Pass pass,
                       const flce::RunConfig& config, Precision precision, bool in_place = false,
-                      WeightGradients judge = WeightGradients::elementwise, bool argmax = true,
+                      WeightGradients judge = WeightGradients::elementwise,
+                      RowOutputs rows = RowOutputs::all,
                       Views views = Views::contiguous);
 
 // The policy for a float32 backend (cpu, cuda): f32 accumulation and logits,
