@@ -105,23 +105,28 @@ Case logits(int64_t n, int64_t v, uint64_t seed = 1) {
   return c;
 }
 
-// The f32 policy, plus u_q where the plan may stash scores as f16
-// differences (cuda/plan.h: bf16 dlogits, the head entry, W as [V, H];
-// where a call ends up not stashing, the bound is only looser).
-Precision cuda_precision(const DenseProblem& d, const Storage& st) {
+// The f32 policy, plus u_q where the plan of this call stashes scores as
+// f16 differences (cuda/plan.h: bf16 dlogits, the head entry, W as [V, H],
+// grad_W that can hold them), under the env the call runs with. Asked of
+// make_plan, so that a call that does not stash is held to the bound
+// without u_q.
+Precision cuda_precision(const DenseProblem& d, const Storage& st,
+                         Pass pass = Pass::loss_and_grad) {
   Precision p = float32_precision(d, st);
-  const char* env = std::getenv("FLCE_CUDA_STASH");
-  const bool may_stash = st.inputs == Dtype::bf16 && !d.logits_entry &&
-                         d.w_layout == WeightLayout::vh &&
-                         d.options.grad_logits_dtype == GradLogitsDtype::storage &&
-                         !(env != nullptr && std::string(env) == "0");
-  if (may_stash) p.u_packed = 0x1p-11;
+#ifdef FLCE_HAVE_CUDA
+  if (d.logits_entry || d.w_layout != WeightLayout::vh || pass == Pass::forward) return p;
+  flce::Problem shapes = flce_test::step_shapes(d.n, d.h, d.v, st.inputs, st.gradients);
+  alignas(256) static const double none[1] = {0};
+  if (!d.grad_entropy.empty()) shapes.grad_entropy = flce::vector_view(&none, st.reals, d.n);
+  shapes.options = d.options;
+  if (flce::cuda::make_plan(shapes, pass).stash_cols > 0) p.u_packed = 0x1p-11;
+#endif
   return p;
 }
 
 void check(const DenseProblem& d, const Storage& st, Pass pass = Pass::loss_and_grad,
            bool in_place = false) {
-  expect_agreement(d, st, pass, cuda(), cuda_precision(d, st), in_place);
+  expect_agreement(d, st, pass, cuda(), cuda_precision(d, st, pass), in_place);
 }
 
 void check_all_passes(const Case& c) {
@@ -131,14 +136,22 @@ void check_all_passes(const Case& c) {
   }
 }
 
-// The same with no argmax output requested.
-void check_all_passes_without_argmax(const Case& c) {
+// The same asking for fewer per-row outputs (agreement.h, RowOutputs).
+void check_all_passes_asking(const Case& c, RowOutputs rows) {
   const DenseProblem d = c.problem();
   for (Pass pass : {Pass::forward, Pass::backward, Pass::loss_and_grad}) {
-    SCOPED_TRACE(std::string(flce::pass_name(pass)) + ", no argmax");
-    expect_agreement(d, c.storage(), pass, cuda(), cuda_precision(d, c.storage()), false,
-                     WeightGradients::elementwise, false);
+    SCOPED_TRACE(std::string(flce::pass_name(pass)) +
+                 (rows == RowOutputs::none ? ", loss and lse alone" : ", no argmax"));
+    expect_agreement(d, c.storage(), pass, cuda(), cuda_precision(d, c.storage(), pass), false,
+                     WeightGradients::elementwise, rows);
   }
+}
+
+// Every pass asking for all per-row outputs, then for loss and lse alone (a
+// training step: no sum of p s, and G in its plain forms).
+void check_all_passes_and_the_training_step(const Case& c) {
+  check_all_passes(c);
+  check_all_passes_asking(c, RowOutputs::none);
 }
 
 // ---- Runs everywhere: listed, and declines host memory -----------------------
@@ -205,24 +218,34 @@ TEST_F(CudaGpu, EachOptionAlone) {
   for (const Case& c : each_option_alone(head)) check_all_passes(c);
 }
 
-TEST_F(CudaGpu, HeadEntrySweep) {
+// Reductions, layouts, options and cotangents together, for heads made by
+// `make` (head, or fused_head: bf16 that the fused kernels take in the vh
+// layout); every other case asks for loss and lse alone.
+void head_entry_sweep(Case (*make)(int64_t, int64_t, int64_t, uint64_t)) {
   uint64_t seed = 300;
   for (Reduction r : {Reduction::none, Reduction::sum, Reduction::mean})
     for (WeightLayout layout : {WeightLayout::vh, WeightLayout::hv})
       for (int extras = 0; extras < 4; ++extras)  // bit 0: bias + weights, bit 1: cotangents
         for (double k : {0.0, 2.5})
           for (double e : {0.0, 0.15}) {
+            const RowOutputs rows = seed % 2 ? RowOutputs::all : RowOutputs::none;
             SCOPED_TRACE("reduction " + std::to_string(int(r)) + " layout " +
                          std::to_string(int(layout)) + " extras " + std::to_string(extras) +
-                         " softcap " + std::to_string(k) + " smoothing " + std::to_string(e));
-            Case c = head(37, 5, 70, ++seed).layout(layout).reduction(r).softcap(k)
+                         " softcap " + std::to_string(k) + " smoothing " + std::to_string(e) +
+                         (rows == RowOutputs::none ? ", loss and lse alone" : ""));
+            Case c = make(37, 5, 70, ++seed).layout(layout).reduction(r).softcap(k)
                          .label_smoothing(e).z_loss(0.05).logit_scale(1.5).ignore_rows({2, 20})
                          .logit_magnitude(6);
             if (extras & 1) c.with_bias().with_token_weights().with_class_weights();
             if (extras & 2) c.with_grad_loss().with_grad_lse().with_grad_entropy();
-            check(c.problem(), c.storage());
+            const DenseProblem d = c.problem();
+            expect_agreement(d, c.storage(), Pass::loss_and_grad, cuda(),
+                             cuda_precision(d, c.storage()), false, WeightGradients::elementwise,
+                             rows);
           }
 }
+
+TEST_F(CudaGpu, HeadEntrySweep) { head_entry_sweep(head); }
 
 TEST_F(CudaGpu, LogitsEntrySweep) {
   uint64_t seed = 700;
@@ -254,6 +277,12 @@ TEST_F(CudaGpu, DtypesLayoutsAndGradientDtypes) {
     }
     check_all_passes(logits(23, 45).stored_as(dtype).label_smoothing(0.1));
   }
+  // int32 labels, float32 weights and cotangents (the kernels read them as
+  // stored); fused where the device takes it.
+  for (Dtype dtype : {Dtype::f32, Dtype::bf16})
+    check_all_passes(head(130, 16, 600, 9).stored_as(dtype).labels_as(Dtype::i32)
+                         .reals_as(Dtype::f32).with_token_weights().with_class_weights()
+                         .with_grad_loss().with_grad_lse().ignore_rows({4}));
 }
 
 TEST_F(CudaGpu, GradLogitsInTheStorageDtype) {
@@ -268,6 +297,18 @@ TEST_F(CudaGpu, GradLogitsInTheStorageDtype) {
         check(d, st, Pass::loss_and_grad);
         check(d, st, Pass::backward);
       }
+  // The logits entry, its grad_logits apart from the logits: rounded to the
+  // storage dtype, then written as the gradients' dtype.
+  for (Dtype dtype : {Dtype::bf16, Dtype::f16})
+    for (Dtype grads : {Dtype::f32, dtype}) {
+      SCOPED_TRACE(std::string("logits ") + flce::dtype_name(dtype) + " grads " +
+                   flce::dtype_name(grads));
+      const Case c = logits(27, 75).stored_as(dtype).gradients_as(grads).softcap(3)
+                         .label_smoothing(0.1).with_grad_entropy()
+                         .grad_logits(GradLogitsDtype::storage);
+      check(c.problem(), c.storage(), Pass::loss_and_grad);
+      check(c.problem(), c.storage(), Pass::backward);
+    }
 }
 
 // Tile and block edges: N and V just below, at and above multiples of the
@@ -652,21 +693,28 @@ TEST_F(CudaGpu, StashedScoresAgreeWithTheOracle) {
   const auto stashed = [](uint64_t seed) {
     return head(40, 16, 150, seed).stored_as(Dtype::bf16).grad_logits(GradLogitsDtype::storage);
   };
-  for (const char* block : {"16x32", "48x32"})
-    for (Dtype grads : {Dtype::bf16, Dtype::f32}) {
-      SCOPED_TRACE(std::string("block ") + block + ", grads " + flce::dtype_name(grads));
-      setenv("FLCE_CUDA_BLOCK", block, 1);
-      // f32 grad_W in place with several row blocks: recomputed (the control).
-      const bool rows_split = std::string(block) == "16x32";
-      const bool control = grads == Dtype::f32 && rows_split;
-      EXPECT_EQ(stash_cols(grads), control ? 0 : grads == Dtype::f32 ? 112 : rows_split ? 48 : 64);
-      check_all_passes(stashed(11).gradients_as(grads).with_bias().softcap(4).logit_scale(0.8)
-                           .label_smoothing(0.1).with_class_weights().z_loss(1e-3)
-                           .with_token_weights().with_grad_lse().with_grad_entropy()
-                           .ignore_rows({3, 39}).logit_magnitude(6));
-      check_all_passes(stashed(12).gradients_as(grads).reduction(Reduction::sum));
-      check_all_passes(stashed(13).gradients_as(grads).softcap(3));
-    }
+  // The fused kernels (H = 16 suits them) and cuBLAS's tiles (the path of a
+  // head whose H is not a multiple of 8), each writing and decoding codes.
+  for (const char* fused : {"1", "0"})
+    for (const char* block : {"16x32", "48x32"})
+      for (Dtype grads : {Dtype::bf16, Dtype::f32}) {
+        SCOPED_TRACE(std::string("FLCE_CUDA_FUSED=") + fused + ", block " + block + ", grads " +
+                     flce::dtype_name(grads));
+        setenv("FLCE_CUDA_FUSED", fused, 1);
+        setenv("FLCE_CUDA_BLOCK", block, 1);
+        // f32 grad_W in place with several row blocks: recomputed (the control).
+        const bool rows_split = std::string(block) == "16x32";
+        const bool control = grads == Dtype::f32 && rows_split;
+        EXPECT_EQ(stash_cols(grads), control ? 0 : grads == Dtype::f32 ? 112 : rows_split ? 48 : 64);
+        check_all_passes(stashed(11).gradients_as(grads).with_bias().softcap(4).logit_scale(0.8)
+                             .label_smoothing(0.1).with_class_weights().z_loss(1e-3)
+                             .with_token_weights().with_grad_lse().with_grad_entropy()
+                             .ignore_rows({3, 39}).logit_magnitude(6));
+        check_all_passes_and_the_training_step(stashed(12).gradients_as(grads)
+                                                   .reduction(Reduction::sum));
+        check_all_passes_and_the_training_step(stashed(13).gradients_as(grads).softcap(3));
+      }
+  unsetenv("FLCE_CUDA_FUSED");
   // Odd tiles: codes and G rows start unaligned.
   setenv("FLCE_CUDA_TILE", "7x13", 1);
   setenv("FLCE_CUDA_BLOCK", "14x26", 1);
@@ -746,8 +794,9 @@ TEST_F(CudaGpu, SizeOneDimensionsOfStride0) {
       const Case c = head(s[0], s[1], s[2]).stored_as(storage).with_bias();
       const DenseProblem d = c.problem();
       for (Pass pass : {Pass::forward, Pass::loss_and_grad})
-        expect_agreement(d, c.storage(), pass, cuda(), cuda_precision(d, c.storage()), false,
-                         WeightGradients::elementwise, true, Views::size_one_stride_0);
+        expect_agreement(d, c.storage(), pass, cuda(), cuda_precision(d, c.storage(), pass),
+                         false, WeightGradients::elementwise, RowOutputs::all,
+                         Views::size_one_stride_0);
     }
   }
 }
@@ -954,6 +1003,28 @@ TEST_F(CudaGpu, FusedStatesAgreeWithTheOracle) {
   }
 }
 
+// Training steps as flce.torch calls them, asking for loss and lse alone:
+// the fused pass 1 keeps no sum of p s, and G takes its plain forms
+// (softmax_state.cuh, dlogits_form: no scale, bias, class weights,
+// smoothing or entropy term) where the options allow, in both 16-bit
+// dtypes, with 16-bit dlogits and gradients (bf16 stashes); and every
+// option with the default tiles.
+TEST_F(CudaGpu, FusedTrainingStepsAgreeWithTheOracle) {
+  SKIP_WITHOUT_FUSED();
+  unsetenv("FLCE_CUDA_TILE");
+  for (Dtype dtype : {Dtype::bf16, Dtype::f16}) {
+    SCOPED_TRACE(flce::dtype_name(dtype));
+    for (double k : {0.0, 30.0})
+      check_all_passes_asking(head(130, 64, 1100, 28).stored_as(dtype).softcap(k)
+                                  .grad_logits(GradLogitsDtype::storage).gradients_as(dtype),
+                              RowOutputs::none);
+    check_all_passes_asking(head(200, 136, 2000, 21).stored_as(dtype).with_bias().softcap(4)
+                                .logit_scale(0.8).label_smoothing(0.1).with_class_weights()
+                                .z_loss(1e-3).with_token_weights().ignore_rows({3, 199}),
+                            RowOutputs::none);
+  }
+}
+
 // The fused kernels at shapes smaller than their boxes: one row, one class,
 // H = 8 (one 16-byte row of x; the TMA zero-fills the rest of each box),
 // and rows and classes one past or short of a block or subtile, with the
@@ -982,19 +1053,26 @@ TEST_F(CudaGpu, FusedTinyShapesAgreeWithTheOracle) {
 // With no argmax output, the fused pass 1 shifts every exponent by the
 // softcap k itself where k <= 40 (epilogues.cuh, kFixedShiftMaxK), by the
 // running max above: both, on the polynomial's path (every |z| <= 0.6 k) and
-// tanhf's, alone and with the entropy's and the smoothing's sums, with bf16
-// dlogits (stashed scores where the plan stashes).
+// tanhf's; asking for loss and lse alone (no sum of p s: a training step),
+// for the entropy too, and with the entropy's and the smoothing's sums in
+// the gradient; with bf16 dlogits and gradients, so that the plan stashes.
 TEST_F(CudaGpu, FusedStatesWithoutArgmaxAgreeWithTheOracle) {
   SKIP_WITHOUT_FUSED();
   setenv("FLCE_CUDA_TILE", "4096x4096", 1);
+#ifdef FLCE_HAVE_CUDA
+  EXPECT_GT(flce::cuda::make_plan(step_shapes(130, 64, 600), Pass::loss_and_grad).stash_cols, 0);
+#endif
   uint64_t seed = 40;
   for (double k : {30.0, 2.0, 60.0})
     for (double magnitude : {12.0, 80.0}) {
       SCOPED_TRACE("softcap " + std::to_string(k) + ", logits up to " + std::to_string(magnitude));
       const Case c = head(130, 64, 600, ++seed).stored_as(Dtype::bf16).softcap(k)
-                         .logit_magnitude(magnitude).grad_logits(GradLogitsDtype::storage);
-      check_all_passes_without_argmax(c);
-      check_all_passes_without_argmax(Case(c).with_grad_entropy().label_smoothing(0.1));
+                         .logit_magnitude(magnitude).grad_logits(GradLogitsDtype::storage)
+                         .gradients_as(Dtype::bf16);
+      check_all_passes_asking(c, RowOutputs::none);
+      check_all_passes_asking(c, RowOutputs::all_but_argmax);
+      check_all_passes_asking(Case(c).with_grad_entropy().label_smoothing(0.1),
+                              RowOutputs::all_but_argmax);
     }
 }
 
@@ -1092,25 +1170,32 @@ TEST_F(CudaGpu, FusedStashedScoresFarBelowTheMaxReadAsMinusInfinity) {
 }
 
 // A vocabulary mask at the lowest finite float (-FLT_MAX, or bf16's
-// -0x1.fep127) over whole tiles: a running f32 sum of e^(s - max) s there is
-// -inf, rescaled by 0 when a larger max arrives, and 0 * inf made every
-// entropy and, with an entropy cotangent, every gradient NaN (the oracle's
-// are finite). In the generic kernels (logits; an f32 head) and the fused
-// ones (a bf16 head).
+// -0x1.fep127) over whole tiles, or a fused tile's first subtiles: a running
+// f32 sum of e^(s - max) s there is -inf, rescaled by 0 when a larger max
+// arrives, and 0 * inf made every entropy and, with an entropy cotangent,
+// every gradient NaN (the oracle's are finite). In the generic kernels
+// (logits; an f32 head) and the fused ones (a bf16 head).
 TEST_F(CudaGpu, AVocabularyMaskAtTheLowestFloatKeepsTheEntropyFinite) {
   struct Masked {
     Case c;
     int64_t from, to;  // the masked classes
+    const char* tile = "8x16";
   };
   std::vector<Masked> cases = {{logits(6, 300), 100, 200}, {head(6, 8, 300).with_bias(), 100, 200}};
-  if (FLCE_FUSED_MISSING().empty())
+  // Fused: whole tiles masked (the merge across tiles), and the first two
+  // of a tile's four 256-class subtiles (the kernel's fold across them).
+  if (FLCE_FUSED_MISSING().empty()) {
     cases.push_back({fused_head(6, 16, 1100, 1).with_bias(), 256, 768});
+    cases.push_back({fused_head(6, 16, 1100, 2).with_bias(), 0, 512, "8x1024"});
+  }
   for (Masked& m : cases) {
+    setenv("FLCE_CUDA_TILE", m.tile, 1);
     m.c.with_grad_entropy();
     DenseProblem d = m.c.problem();
     const bool bf16 = m.c.storage().inputs == Dtype::bf16;
     const double lowest = bf16 ? -0x1.fep127 : -double(FLT_MAX);
-    SCOPED_TRACE((d.logits_entry ? "logits, " : "head, ") + std::string(bf16 ? "bf16" : "f32"));
+    SCOPED_TRACE((d.logits_entry ? "logits, " : "head, ") + std::string(bf16 ? "bf16" : "f32") +
+                 ", tile " + m.tile);
     for (int64_t j = m.from; j < m.to; ++j) {
       if (!d.logits_entry) d.bias[size_t(j)] = lowest;
       else
@@ -1121,6 +1206,40 @@ TEST_F(CudaGpu, AVocabularyMaskAtTheLowestFloatKeepsTheEntropyFinite) {
       check(d, m.c.storage(), pass);
     }
   }
+}
+
+// Pass 1 keeps its tile states (64 MiB: 2^21 of them) for as many rows as
+// they hold at a time: at a Gemma-2 head of 32768 rows, 16384. Tiles of 2
+// classes over 2048 make that 2048 rows, so 2100 rows take two runs, the
+// second writing its states and codes from row 2048 (passes.cpp,
+// statistics_pass), fused and on cuBLAS's tiles; a step asking for every
+// per-row output and one asking for loss and lse alone.
+TEST_F(CudaGpu, PassOneRunsOverRowsInSeveralParts) {
+  setenv("FLCE_CUDA_TILE", "1024x2", 1);
+  setenv("FLCE_CUDA_BLOCK", "2100x1024", 1);
+#ifdef FLCE_HAVE_CUDA
+  const flce::cuda::Plan plan =
+      flce::cuda::make_plan(step_shapes(2100, 8, 2048), Pass::loss_and_grad);
+  EXPECT_EQ(plan.state_rows, 2048);
+  EXPECT_GT(plan.stash_cols, 0);
+#endif
+  const Case c = head(2100, 8, 2048, 31).stored_as(Dtype::bf16).with_bias().label_smoothing(0.1)
+                     .with_grad_entropy().ignore_rows({5, 2047, 2048, 2099})
+                     .grad_logits(GradLogitsDtype::storage).gradients_as(Dtype::bf16);
+  const DenseProblem d = c.problem();
+  for (const char* fused : {"1", "0"})
+    for (RowOutputs rows : {RowOutputs::all, RowOutputs::none}) {
+      SCOPED_TRACE(std::string("FLCE_CUDA_FUSED=") + fused +
+                   (rows == RowOutputs::none ? ", loss and lse alone" : ""));
+      setenv("FLCE_CUDA_FUSED", fused, 1);
+      expect_agreement(d, c.storage(), Pass::loss_and_grad, cuda(),
+                       cuda_precision(d, c.storage()), false, WeightGradients::elementwise, rows);
+    }
+}
+
+TEST_F(CudaGpu, FusedHeadEntrySweep) {
+  SKIP_WITHOUT_FUSED();
+  head_entry_sweep(fused_head);
 }
 
 TEST_F(CudaGpu, FusedStatesEachOptionAlone) {
@@ -1228,6 +1347,36 @@ TEST_F(CudaGpu, SameBytesOnEveryRun) {
     ASSERT_TRUE(first.status.ok()) << first.status.error;
     for (int run = 0; run < 3; ++run) expect_identical_outputs(run_library(c.problem(), c.storage(), rq), first);
   }
+}
+
+// A training step as flce.torch runs it (loss and lse alone, 16-bit
+// dlogits and gradients, a softcap) over several gradient blocks, fused and
+// on cuBLAS's tiles: in bf16 block 0's codes are the gradient block and
+// grad_W holds 1536 classes more; f16 recomputes every tile.
+TEST_F(CudaGpu, TrainingStepsGiveTheSameBytesOnEveryRun) {
+  setenv("FLCE_CUDA_TILE", "128x512", 1);
+  setenv("FLCE_CUDA_BLOCK", "1024x2048", 1);  // one row block: block 0 can hold codes
+#ifdef FLCE_HAVE_CUDA
+  const flce::cuda::Plan plan =
+      flce::cuda::make_plan(step_shapes(1000, 256, 9000), Pass::loss_and_grad);
+  EXPECT_TRUE(plan.stash_in_g);
+  EXPECT_EQ(plan.stash_cols, 3584);
+#endif
+  for (const char* fused : {"1", "0"})
+    for (Dtype dtype : {Dtype::bf16, Dtype::f16}) {
+      SCOPED_TRACE(std::string("FLCE_CUDA_FUSED=") + fused + ", " + flce::dtype_name(dtype));
+      setenv("FLCE_CUDA_FUSED", fused, 1);
+      const Case c = head(1000, 256, 9000, 9).stored_as(dtype).softcap(30)
+                         .grad_logits(GradLogitsDtype::storage).gradients_as(dtype)
+                         .outputs_as(Dtype::f32);
+      Request rq;
+      rq.config = cuda();
+      rq.per_row_outputs = false;
+      const Outputs first = run_library(c.problem(), c.storage(), rq);
+      ASSERT_TRUE(first.status.ok()) << first.status.error;
+      for (int run = 0; run < 2; ++run)
+        expect_identical_outputs(run_library(c.problem(), c.storage(), rq), first);
+    }
 }
 
 #ifdef FLCE_HAVE_CUDA

@@ -74,10 +74,12 @@ def test_assert_close_takes_cuda_inputs_and_outputs_as_they_are():
 
 @pytest.mark.parametrize("name", ["everything", "defaults"])
 def test_stashed_scores_agree_with_the_oracle(name, monkeypatch):
-    # Tiles of 300 x 64 and blocks of 300 x 128: grad_W's 480,000 bytes
-    # (5000 x 48 bf16) hold the f16 codes of six blocks (76,800 bytes each),
-    # so pass 2 reads classes 0-767 back from them (cuda/plan.h) and
-    # recomputes the rest; judged with u_q = 2^-11 (packed_scores).
+    # Tiles of 300 x 64 and blocks of 300 x 128 (one row block): block 0's
+    # f16 codes are the gradient block, and grad_W's 480,000 bytes (5000 x
+    # 48 bf16) past block 0's own rows (12,288 bytes) hold six blocks' more
+    # (76,800 bytes each), so pass 2 reads classes 0-895 back (cuda/plan.h;
+    # make_plan's figure) and recomputes the rest; judged with u_q = 2^-11
+    # (packed_scores).
     monkeypatch.setenv("FLCE_CUDA_TILE", "300x64")
     monkeypatch.setenv("FLCE_CUDA_BLOCK", "300x128")
     opts = OPTIONS[name]
@@ -204,6 +206,25 @@ def test_torch_module_trains_on_the_gpu():
     assert abs(loss.item() - ref.item()) < 1e-5 * abs(ref.item())
     assert torch.allclose(x.grad.double(), ref_x.grad.double(), rtol=0, atol=1e-6)
     assert torch.allclose(head.weight.grad.double(), ref_w.grad.double(), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("grad_logits", ["f32", "storage"])
+@pytest.mark.parametrize("softcap", [0.0, 30.0])
+def test_flce_torch_training_step_agrees_with_the_oracle(dtype, grad_logits, softcap):
+    # What a training loop runs: flce.torch's loss on 16-bit CUDA tensors,
+    # then backward, asking for no per-row output (the backend keeps no sum
+    # of p s, and without a bias G takes its plain forms). Judged by the
+    # policy, as flce.loss_and_grad's outputs are above.
+    x, w, y, _ = make(600, 64, 9000, dtype, {}, seed=3)
+    xd, wd = (t.to(DEV).requires_grad_(True) for t in (x, w))
+    loss = flce.torch.linear_cross_entropy(xd, wd, y.to(DEV), softcap=softcap,
+                                           grad_logits_dtype=grad_logits, backend="cuda")
+    loss.backward()
+    got = {"loss": loss.detach().cpu(), "grad_x": xd.grad.cpu(), "grad_w": wd.grad.cpu()}
+    cast = {torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
+    flce.testing.assert_close(got, x, w, y, softcap=softcap,
+                              grad_cast=cast if grad_logits == "storage" else None)
 
 
 def test_autocast_runs_in_its_dtype_as_f_linear_would():
