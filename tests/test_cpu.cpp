@@ -47,17 +47,26 @@ flce::RunConfig cpu(int threads = 0, std::string gemm = "") {
   return config;
 }
 
+// Whether the default GEMM engine multiplies bf16 here, so that a bf16
+// step with bf16 dlogits runs its GEMMs in bf16 (cpu::Plan::grad_gemm);
+// oneDNN has no bf16 without AVX-512, and then G stays f32.
+bool bf16_gemm_here() {
+  flce::Problem p = flce_test::step_shapes(64, 64, 512, Dtype::bf16, Dtype::f32);
+  p.options.grad_logits_dtype = GradLogitsDtype::storage;
+  return flce::cpu::make_plan(p, Pass::loss_and_grad, cpu()).grad_gemm == Dtype::bf16;
+}
+
 // The policy for the cpu backend: f32 accumulation, plus u_q where a
 // gradient pass may read its scores back from the 16-bit store
-// (cpu::Plan::packed_scores: bf16 storage with bf16 dlogits, on a kernel set
-// that packs, unless FLCE_CPU_PACK_SCORES=0). A pass or GEMM engine that
-// ends up not packing meets the bound all the more.
+// (cpu::Plan::packed_scores: bf16 storage with bf16 dlogits and a bf16
+// GEMM, on a kernel set that packs, unless FLCE_CPU_PACK_SCORES=0). A pass
+// or GEMM engine that ends up not packing meets the bound all the more.
 Precision cpu_precision(const DenseProblem& d, const Storage& st) {
   Precision p = float32_precision(d, st);
   const char* env = std::getenv("FLCE_CPU_PACK_SCORES");
   const bool packs = st.inputs == Dtype::bf16 && !d.logits_entry &&
                      d.options.grad_logits_dtype == GradLogitsDtype::storage &&
-                     flce::simd::best_kernels().pack_scores != nullptr &&
+                     flce::simd::best_kernels().pack_scores != nullptr && bf16_gemm_here() &&
                      !(env != nullptr && std::string(env) == "0");
   if (packs) p.u_packed = 0x1p-11;
   return p;
@@ -926,6 +935,7 @@ TEST_F(CpuGradXSplit, ChosenForSmallHiddenSizesRowsOuter) {
 // and two empty parts), from packed scores and from f32 ones, with and
 // without the gradient filter.
 TEST_F(CpuGradXSplit, ByTileAgreesWithTheOracle) {
+  if (!bf16_gemm_here()) GTEST_SKIP() << "the default GEMM engine has no bf16 here: no bf16 G to split";
   setenv("FLCE_CPU_GRAD_X_SPLIT", "tile", 1);
   for (int64_t v : {kSplitV, kTile + 100}) {
     flce::Problem shapes = step_shapes(kSplitN, kSplitH, v);
@@ -953,6 +963,7 @@ TEST_F(CpuGradXSplit, ByTileAgreesWithTheOracle) {
 // written, the grad_x parts that own no tile included (two tiles, four
 // parts).
 TEST_F(CpuGradXSplit, ByTileDirtyCallerWorkspaceSameBits) {
+  if (!bf16_gemm_here()) GTEST_SKIP() << "the default GEMM engine has no bf16 here: no bf16 G to split";
   setenv("FLCE_CPU_GRAD_X_SPLIT", "tile", 1);
   const Case c = head(kSplitN, kSplitH, kTile + 100).stored_as(Dtype::bf16).with_bias()
                      .grad_logits(GradLogitsDtype::storage);
@@ -968,6 +979,7 @@ TEST_F(CpuGradXSplit, ByTileDirtyCallerWorkspaceSameBits) {
 }
 
 TEST_F(CpuGradXSplit, ByTileSameBitsForAnyThreadCount) {
+  if (!bf16_gemm_here()) GTEST_SKIP() << "the default GEMM engine has no bf16 here: no bf16 G to split";
   setenv("FLCE_CPU_GRAD_X_SPLIT", "tile", 1);
   const Case c = head(kSplitN, kSplitH, kSplitV).stored_as(Dtype::bf16).softcap(3)
                      .grad_logits(GradLogitsDtype::storage);
@@ -1058,6 +1070,8 @@ class CpuPackedScores : public ::testing::Test {
   void SetUp() override {
     if (flce::simd::best_kernels().pack_scores == nullptr)
       GTEST_SKIP() << "the " << flce::simd::best_kernels().isa << " kernel set has no pack_scores: scores stay f32";
+    if (!bf16_gemm_here())
+      GTEST_SKIP() << "the default GEMM engine has no bf16 here: G stays f32, and scores unpacked";
   }
   void TearDown() override {
     unsetenv("FLCE_CPU_PACK_SCORES");
@@ -1151,10 +1165,11 @@ TEST_F(CpuPackedScores, SameBitsForAnyThreadCount) {
   for (int threads : {2, 3}) expect_identical_outputs(run_cpu(c, threads), one);
 }
 
-TEST_F(CpuPackedScores, MalformedValueIsAnErrorNamingIt) {
+TEST(CpuPackedScoresEnv, MalformedValueIsAnErrorNamingIt) {  // on any machine
   setenv("FLCE_CPU_PACK_SCORES", "yes", 1);
   const Outputs out = run_library(head(4, 3, 10).problem(), head(4, 3, 10).storage(), Request{});
   EXPECT_FALSE(out.status.ok());
+  unsetenv("FLCE_CPU_PACK_SCORES");
   EXPECT_NE(out.status.error.find("FLCE_CPU_PACK_SCORES = 'yes'"), std::string::npos) << out.status.error;
 }
 
