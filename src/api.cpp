@@ -5,6 +5,7 @@
 #include <exception>
 #include <memory>
 
+#include "common/float_env.h"
 #include "flce/backend.h"
 #include "flce/flce.h"
 #include "registry.h"
@@ -83,6 +84,7 @@ Status run_pass(const Problem& given, Pass pass, const RunConfig& config) {
     if (!status.ok()) return status;
   }
   try {
+    const DefaultFloatEnv env;  // the caller's may flush subnormals or round otherwise
     status.error = backend->run(problem, pass, config, workspace, &status.stats);
   } catch (const std::exception& e) {  // a failed allocation, a GEMM library's error
     status.error = status.backend + " backend: " + e.what() + " (the outputs may be partly written)";

@@ -5,7 +5,9 @@
 // machine has (FLCE_MAX_ISA, see tests/CMakeLists.txt).
 #include <gtest/gtest.h>
 
+#include <cfenv>
 #include <cfloat>
+#include <cstring>
 #include <sys/mman.h>
 
 #include <atomic>
@@ -16,6 +18,9 @@
 #include <string>
 #include <utility>
 #include <vector>
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
 
 #include "cpu/gemm/gemm.h"
 #include "cpu/parallel.h"
@@ -340,6 +345,61 @@ TEST(CpuEdge, NaNAndInfRows) {
     check(d, c.storage(), Pass::loss_and_grad);
     check(d, c.storage(), Pass::forward);
   }
+}
+
+// A logits step of 2 rows over 4 tiles whose p are e^-100 but for class 0:
+// subnormal in f32, as are their dlogits. Returns loss, lse and grad_logits'
+// bytes. `caller_env` runs on the calling thread just before the call (the
+// OpenMP pool's threads keep the environment they started with) and is
+// undone right after it, before anything else computes.
+std::vector<float> tiny_probabilities_step(int threads, void (*caller_env)()) {
+  constexpr int64_t kN = 2, kV = 4 * kTile;
+  std::vector<float> z(size_t(kN * kV), -100.0f), grad(size_t(kN * kV)), out(1 + kN);
+  for (int64_t i = 0; i < kN; ++i) z[size_t(i * kV)] = 0.0f;
+  const std::vector<int64_t> y = {0, 3};
+  flce::Problem p;
+  p.logits = flce::matrix_view(z.data(), Dtype::f32, kN, kV);
+  p.labels = flce::vector_view(y.data(), Dtype::i64, kN);
+  p.loss = flce::scalar_view(&out[0], Dtype::f32);
+  p.lse = flce::vector_view(&out[1], Dtype::f32, kN);
+  p.grad_logits = flce::matrix_view(grad.data(), Dtype::f32, kN, kV);
+  fenv_t saved;
+  std::fegetenv(&saved);
+#if defined(__x86_64__) || defined(__i386__)
+  const unsigned saved_csr = _mm_getcsr();
+#endif
+  if (caller_env) caller_env();
+  const flce::Status status = flce::loss_and_grad(p, cpu(threads));
+  std::fesetenv(&saved);
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_setcsr(saved_csr);
+#endif
+  EXPECT_TRUE(status.ok()) << status.error;
+  out.insert(out.end(), grad.begin(), grad.end());
+  return out;
+}
+
+// The caller's floating-point environment changes no bit, for any thread
+// count: a thread that flushes subnormals (MXCSR's FTZ and DAZ, which
+// torch.set_flush_denormal(True) sets) or rounds upward. The backend's
+// threads compute in the default environment; before, the calling thread's
+// tiles flushed the subnormal dlogits and the pool's did not.
+TEST(CpuEdge, TheCallersFloatEnvironmentChangesNoBit) {
+  const std::vector<float> want = tiny_probabilities_step(1, nullptr);
+  ASSERT_NE(want.back(), 0.0f);  // a subnormal dlogit: e^-100 / 2
+  tiny_probabilities_step(2, nullptr);  // the pool starts in the default environment
+  std::vector<std::pair<const char*, void (*)()>> envs = {
+      {"rounding upward", [] { std::fesetround(FE_UPWARD); }}};
+#if defined(__x86_64__) || defined(__i386__)
+  envs.push_back({"flush to zero", [] { _mm_setcsr(_mm_getcsr() | 0x8040); }});
+#endif
+  for (const auto& [name, env] : envs)
+    for (int threads : {1, 2}) {
+      SCOPED_TRACE(std::string(name) + ", " + std::to_string(threads) + " threads");
+      const std::vector<float> got = tiny_probabilities_step(threads, env);
+      ASSERT_EQ(got.size(), want.size());
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0);
+    }
 }
 
 // A vocabulary mask written as the lowest float (a bias of -FLT_MAX, or
