@@ -560,10 +560,11 @@ TEST(CpuGemm, EveryEngineAgrees) {
 
 // ---- Determinism ------------------------------------------------------------
 
-Outputs run_cpu(const Case& c, int threads, Pass pass = Pass::loss_and_grad) {
+Outputs run_cpu(const Case& c, int threads, Pass pass = Pass::loss_and_grad,
+                const std::string& gemm = "") {
   Request rq;
   rq.pass = pass;
-  rq.config = cpu(threads);
+  rq.config = cpu(threads, gemm);
   Outputs out = run_library(c.problem(), c.storage(), rq);
   EXPECT_TRUE(out.status.ok()) << out.status.error;
   return out;
@@ -584,18 +585,24 @@ TEST(CpuBf16Gradients, RoundingBeforeTheConversionChangesNoBit) {
   }
 }
 
+// Every GEMM engine, forward (one tile at a time, short blocks padded) and
+// step; 300 rows make two row blocks of the forward.
 TEST(CpuDeterminism, SameBitsForAnyThreadCountAndRun) {
-  for (const Case& c : {head(300, 20, 3 * kTile + 17).with_bias().with_token_weights().softcap(3)
-                            .label_smoothing(0.1).with_grad_entropy(),
-                        head(70, 300, kTile + 1).layout(WeightLayout::hv).reduction(Reduction::sum)
-                            .stored_as(Dtype::bf16),
-                        logits(70, 2 * kTile + 1).reduction(Reduction::none).with_grad_loss()}) {
-    const Outputs one = run_cpu(c, 1);
-    for (int threads : {1, 2, 3}) {
-      SCOPED_TRACE("threads = " + std::to_string(threads));
-      expect_identical_outputs(run_cpu(c, threads), one);
-    }
-  }
+  for (const flce::cpu::GemmEngine* engine : flce::cpu::gemm_engines())
+    for (Pass pass : {Pass::forward, Pass::loss_and_grad})
+      for (const Case& c :
+           {head(300, 20, 3 * kTile + 17).with_bias().with_token_weights().softcap(3)
+                .label_smoothing(0.1).with_grad_entropy(),
+            head(70, 300, kTile + 1).layout(WeightLayout::hv).reduction(Reduction::sum)
+                .stored_as(Dtype::bf16),
+            logits(70, 2 * kTile + 1).reduction(Reduction::none).with_grad_loss()}) {
+        const Outputs one = run_cpu(c, 1, pass, engine->name());
+        for (int threads : {1, 2, 3, 5}) {
+          SCOPED_TRACE(std::string(engine->name()) + ", " + flce::pass_name(pass) +
+                       ", threads = " + std::to_string(threads));
+          expect_identical_outputs(run_cpu(c, threads, pass, engine->name()), one);
+        }
+      }
 }
 
 // Without per-row outputs the softmax kernels skip the entropy and
