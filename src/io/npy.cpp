@@ -34,8 +34,10 @@ constexpr unsigned char kMagic[] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
 constexpr size_t kMagicLen = sizeof(kMagic);
 constexpr size_t kAlign = 64;         // numpy's ARRAY_ALIGN
 constexpr size_t kGrowthDigits = 21;  // numpy's GROWTH_AXIS_MAX_DIGITS
+// Which arrays take which: a uint8 labels file was told of the floats too.
 constexpr const char* kAccepted =
-    "<f2 (float16), <f4 (float32), <f8 (float64), <i4 (int32), <i8 (int64)";
+    "<f2 (float16), <f4 (float32) or <f8 (float64) for every array but labels; "
+    "<i4 (int32) or <i8 (int64) for labels";
 
 // A dtype the library supports, with numpy's type code and name for it.
 struct NpyType {
