@@ -23,7 +23,7 @@
 #endif
 
 #include "cpu/gemm/gemm.h"
-#include "cpu/parallel.h"
+#include "common/parallel.h"
 #include "common/loss_terms.h"
 #include "cpu/plan.h"
 #include "flce/flce.h"
@@ -1371,7 +1371,7 @@ TEST(CpuParallelFor, ExceptionsLeaveTheLoopLowestIndexFirst) {
   for (int threads : {1, 2, 3}) {
     std::vector<std::atomic<int>> ran(40);
     try {
-      flce::cpu::parallel_for(threads, 0, 40, [&](int64_t i) {
+      flce::parallel_for(threads, 0, 40, [&](int64_t i) {
         ran[size_t(i)]++;
         if (i == 29 || i == 7 || i == 8) throw std::runtime_error("index " + std::to_string(i));
       });
@@ -1382,6 +1382,6 @@ TEST(CpuParallelFor, ExceptionsLeaveTheLoopLowestIndexFirst) {
     for (size_t i = 0; i < ran.size(); ++i) EXPECT_EQ(ran[i].load(), 1) << "index " << i;
   }
   int sum = 0;  // no exception: every index once, in a range not starting at 0
-  flce::cpu::parallel_for(1, 5, 9, [&](int64_t i) { sum += int(i); });
+  flce::parallel_for(1, 5, 9, [&](int64_t i) { sum += int(i); });
   EXPECT_EQ(sum, 5 + 6 + 7 + 8);
 }

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "common/float16.h"
-#include "cpu/parallel.h"
+#include "common/parallel.h"
 
 namespace flce::cli {
 
@@ -128,7 +128,7 @@ double logits_gemm_seconds(const cpu::GemmEngine& engine, const BenchProblem& p,
   std::vector<float> out(size_t(threads) * size_t(b.rows) * size_t(b.cols));
   const size_t elt = dtype_size(p.dtype);
   const auto t0 = std::chrono::steady_clock::now();
-  cpu::parallel_for(threads, 0, b.row_blocks * b.col_blocks, [&](int64_t k) {
+  parallel_for(threads, 0, b.row_blocks * b.col_blocks, [&](int64_t k) {
     const int64_t i0 = (k / b.col_blocks) * b.rows, j0 = (k % b.col_blocks) * b.cols;
     cpu::GemmArgs g{};
     g.m = std::min(b.rows, p.n - i0), g.n = std::min(b.cols, p.v - j0), g.k = p.h;

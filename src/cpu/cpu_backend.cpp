@@ -20,7 +20,7 @@
 #include "common/loss_terms.h"
 #include "common/tensor_access.h"
 #include "cpu/operands.h"
-#include "cpu/parallel.h"
+#include "common/parallel.h"
 #include "cpu/plan.h"
 #include "cpu/steps.h"
 
@@ -117,7 +117,7 @@ void finish(const cpu::Context& c) {
   if (plan.filter_uniform) add_uniform_term(c);
   if (c.ws.grad_w_acc) {  // row by row: each row's bits depend on that row only
     const Tensor g = w_as_vh(p.grad_w, p.w_layout);
-    cpu::parallel_for(plan.threads, 0, plan.d.v, [&](int64_t j) {
+    parallel_for(plan.threads, 0, plan.d.v, [&](int64_t j) {
       cpu::store_row(g, j, c.ws.grad_w_acc + j * plan.d.h, plan.d.h);
     });
   }

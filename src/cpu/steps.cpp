@@ -12,7 +12,7 @@
 #include "common/row_terms.h"
 #include "common/tensor_access.h"
 #include "cpu/operands.h"
-#include "cpu/parallel.h"
+#include "common/parallel.h"
 
 namespace flce::cpu {
 namespace {

@@ -1,4 +1,5 @@
-// The cpu backend's one way to run a loop over OpenMP threads.
+// The host backends' one way to run a loop over OpenMP threads (cpu and
+// reference).
 #pragma once
 
 #include <cstdint>
@@ -6,7 +7,7 @@
 
 #include "common/float_env.h"
 
-namespace flce::cpu {
+namespace flce {
 
 // Runs body(i) for every i in [begin, end) on `threads` OpenMP threads,
 // scheduled statically (each index's thread depends on the range and the
@@ -30,7 +31,7 @@ void parallel_for(int threads, int64_t begin, int64_t end, const Body& body) {
       try {
         body(i);
       } catch (...) {
-#pragma omp critical(flce_cpu_parallel_for_error)
+#pragma omp critical(flce_parallel_for_error)
         if (i < first_index) first_index = i, first = std::current_exception();
       }
     }
@@ -38,4 +39,4 @@ void parallel_for(int threads, int64_t begin, int64_t end, const Body& body) {
   if (first) std::rethrow_exception(first);
 }
 
-}  // namespace flce::cpu
+}  // namespace flce
