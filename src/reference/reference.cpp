@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/loss_terms.h"
+#include "common/parallel.h"
 #include "common/tensor_access.h"
 #include "validate.h"
 
@@ -127,15 +128,14 @@ void set_score(const Context& c, const Scratch& s, int64_t at, double z) {
 void compute_scores(const Context& c, int64_t i0, int64_t rows, const Scratch& s) {
   const int64_t V = c.d.v, H = c.d.h;
   if (c.d.logits_entry) {  // z_ij = a * logits_ij
-#pragma omp parallel for num_threads(c.threads) schedule(static)
-    for (int64_t r = 0; r < rows; ++r)
+    parallel_for(c.threads, 0, rows, [&](int64_t r) {
       for (int64_t j = 0; j < V; ++j)
         set_score(c, s, r * V + j, c.a * load(c.p.logits, i0 + r, j));
+    });
     return;
   }
   for (int64_t r = 0; r < rows; ++r) load_row(c.p.x, i0 + r, s.x_rows + r * H);
-#pragma omp parallel for num_threads(c.threads) schedule(static)
-  for (int64_t j = 0; j < V; ++j) {
+  parallel_for(c.threads, 0, V, [&](int64_t j) {
     double* w_j = s.w_row + int64_t(omp_get_thread_num()) * H;
     load_row(c.w, j, w_j);
     const double b_j = c.p.bias.present() ? load(c.p.bias, j) : 0.0;
@@ -145,7 +145,7 @@ void compute_scores(const Context& c, int64_t i0, int64_t rows, const Scratch& s
       for (int64_t h = 0; h < H; ++h) dot += x_i[h] * w_j[h];
       set_score(c, s, r * V + j, c.a * (dot + b_j));  // z_ij = a (x_i . W_j + b_j)
     }
-  }
+  });
 }
 
 // A row's statistics relative to `shift` (its max where finite, else 0):
@@ -250,8 +250,7 @@ void scores_to_grad(const Context& c, double* s, const double* slopes, const Row
 // grad_x_i = sum_j G_ij W_j, one row per thread, j in order.
 void accumulate_grad_x(const Context& c, int64_t i0, int64_t rows, const Scratch& s) {
   const int64_t V = c.d.v, H = c.d.h;
-#pragma omp parallel for num_threads(c.threads) schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
+  parallel_for(c.threads, 0, rows, [&](int64_t r) {
     double* w_j = s.w_row + int64_t(omp_get_thread_num()) * H;
     double* gx = s.gx_row + int64_t(omp_get_thread_num()) * H;
     std::fill_n(gx, H, 0.0);
@@ -261,15 +260,14 @@ void accumulate_grad_x(const Context& c, int64_t i0, int64_t rows, const Scratch
       for (int64_t h = 0; h < H; ++h) gx[h] += g * w_j[h];
     }
     for (int64_t h = 0; h < H; ++h) store(c.p.grad_x, i0 + r, h, gx[h]);
-  }
+  });
 }
 
 // grad_W_j += sum_r G_rj x_r and grad_b_j += sum_r G_rj, one j per thread,
 // rows in order (blocks arrive in row order too).
 void accumulate_grad_w(const Context& c, int64_t rows, const Scratch& s) {
   const int64_t V = c.d.v, H = c.d.h;
-#pragma omp parallel for num_threads(c.threads) schedule(static)
-  for (int64_t j = 0; j < V; ++j) {
+  parallel_for(c.threads, 0, V, [&](int64_t j) {
     for (int64_t r = 0; r < rows; ++r) {
       const double g = s.scores[r * V + j];
       if (s.grad_b_acc) s.grad_b_acc[j] += g;
@@ -278,15 +276,14 @@ void accumulate_grad_w(const Context& c, int64_t rows, const Scratch& s) {
       double* gw = s.grad_w_acc + j * H;
       for (int64_t h = 0; h < H; ++h) gw[h] += g * x_i[h];
     }
-  }
+  });
 }
 
 void process_block(const Context& c, int64_t i0, int64_t rows, const Scratch& s) {
   const Problem& p = c.p;
   const int64_t V = c.d.v;
   compute_scores(c, i0, rows, s);
-#pragma omp parallel for num_threads(c.threads) schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
+  parallel_for(c.threads, 0, rows, [&](int64_t r) {
     const int64_t i = i0 + r, y = load_int(p.labels, i);
     double* s_i = s.scores + r * V;
     const RowStats st = row_stats(c, s_i, i, y);
@@ -296,7 +293,7 @@ void process_block(const Context& c, int64_t i0, int64_t rows, const Scratch& s)
     }
     if (c.pass != Pass::forward)
       scores_to_grad(c, s_i, s.slopes ? s.slopes + r * V : nullptr, st, i, y);
-  }
+  });
   if (c.pass == Pass::forward) return;
   if (p.grad_logits.present()) {  // rows of the block were read in full: safe in place
     for (int64_t r = 0; r < rows; ++r)
