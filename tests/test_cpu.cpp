@@ -347,12 +347,26 @@ TEST(CpuEdge, NaNAndInfRows) {
   }
 }
 
+// The default floating-point environment on the calling thread and on every
+// thread of the OpenMP pool.
+void default_float_env_everywhere() {
+  const auto reset = [] {
+    std::fesetenv(FE_DFL_ENV);
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_setcsr(0x1F80);
+#endif
+  };
+  reset();
+#pragma omp parallel num_threads(8)
+  reset();
+}
+
 // A logits step of 2 rows over 4 tiles whose p are e^-100 but for class 0:
 // subnormal in f32, as are their dlogits. Returns loss, lse and grad_logits'
-// bytes. `caller_env` runs on the calling thread just before the call (the
-// OpenMP pool's threads keep the environment they started with) and is
-// undone right after it, before anything else computes.
-std::vector<float> tiny_probabilities_step(int threads, void (*caller_env)()) {
+// bytes. `caller_env` sets the environment on the calling thread and on
+// the OpenMP pool's threads (which keep theirs between regions) before the
+// call; right after it, the caller's must be as it was.
+std::vector<float> tiny_probabilities_step(const flce::RunConfig& config, void (*caller_env)()) {
   constexpr int64_t kN = 2, kV = 4 * kTile;
   std::vector<float> z(size_t(kN * kV), -100.0f), grad(size_t(kN * kV)), out(1 + kN);
   for (int64_t i = 0; i < kN; ++i) z[size_t(i * kV)] = 0.0f;
@@ -363,43 +377,53 @@ std::vector<float> tiny_probabilities_step(int threads, void (*caller_env)()) {
   p.loss = flce::scalar_view(&out[0], Dtype::f32);
   p.lse = flce::vector_view(&out[1], Dtype::f32, kN);
   p.grad_logits = flce::matrix_view(grad.data(), Dtype::f32, kN, kV);
-  fenv_t saved;
-  std::fegetenv(&saved);
+  if (caller_env) {
+    caller_env();
+#pragma omp parallel num_threads(8)
+    caller_env();
+  }
+  const int rounding = std::fegetround();
 #if defined(__x86_64__) || defined(__i386__)
-  const unsigned saved_csr = _mm_getcsr();
+  const unsigned csr = _mm_getcsr() & ~0x3Fu;  // all but the sticky flags
 #endif
-  if (caller_env) caller_env();
-  const flce::Status status = flce::loss_and_grad(p, cpu(threads));
-  std::fesetenv(&saved);
+  const flce::Status status = flce::loss_and_grad(p, config);
+  EXPECT_EQ(std::fegetround(), rounding) << "the caller's rounding did not come back";
 #if defined(__x86_64__) || defined(__i386__)
-  _mm_setcsr(saved_csr);
+  EXPECT_EQ(_mm_getcsr() & ~0x3Fu, csr) << "the caller's MXCSR did not come back";
 #endif
+  default_float_env_everywhere();
   EXPECT_TRUE(status.ok()) << status.error;
   out.insert(out.end(), grad.begin(), grad.end());
   return out;
 }
 
 // The caller's floating-point environment changes no bit, for any thread
-// count: a thread that flushes subnormals (MXCSR's FTZ and DAZ, which
-// torch.set_flush_denormal(True) sets) or rounds upward. The backend's
-// threads compute in the default environment; before, the calling thread's
-// tiles flushed the subnormal dlogits and the pool's did not.
+// count, on the cpu backend and the oracle: threads that flush subnormals
+// (MXCSR's FTZ and DAZ, which torch.set_flush_denormal(True) sets on the
+// thread that calls it) or round upward. Every thread of a call computes in
+// the default environment (common/float_env.h); before, the calling
+// thread's tiles followed the caller's and the pool's kept their own.
 TEST(CpuEdge, TheCallersFloatEnvironmentChangesNoBit) {
-  const std::vector<float> want = tiny_probabilities_step(1, nullptr);
-  ASSERT_NE(want.back(), 0.0f);  // a subnormal dlogit: e^-100 / 2
-  tiny_probabilities_step(2, nullptr);  // the pool starts in the default environment
   std::vector<std::pair<const char*, void (*)()>> envs = {
       {"rounding upward", [] { std::fesetround(FE_UPWARD); }}};
 #if defined(__x86_64__) || defined(__i386__)
   envs.push_back({"flush to zero", [] { _mm_setcsr(_mm_getcsr() | 0x8040); }});
 #endif
-  for (const auto& [name, env] : envs)
-    for (int threads : {1, 2}) {
-      SCOPED_TRACE(std::string(name) + ", " + std::to_string(threads) + " threads");
-      const std::vector<float> got = tiny_probabilities_step(threads, env);
-      ASSERT_EQ(got.size(), want.size());
-      EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0);
-    }
+  for (const char* backend : {"cpu", "reference"}) {
+    flce::RunConfig config = cpu(1);
+    config.backend = backend;
+    const std::vector<float> want = tiny_probabilities_step(config, nullptr);
+    ASSERT_NE(want.back(), 0.0f);  // a subnormal dlogit: e^-100 / 2
+    for (const auto& [name, env] : envs)
+      for (int threads : {1, 2, 5}) {
+        SCOPED_TRACE(std::string(backend) + ", " + name + ", " + std::to_string(threads) +
+                     " threads");
+        config.threads = threads;
+        const std::vector<float> got = tiny_probabilities_step(config, env);
+        ASSERT_EQ(got.size(), want.size());
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0);
+      }
+  }
 }
 
 // A vocabulary mask written as the lowest float (a bias of -FLT_MAX, or

@@ -7,7 +7,10 @@
 // with, so such a caller made the bits depend on the thread count, and every
 // bound of the tolerance policy assumes IEEE arithmetic. DefaultFloatEnv
 // puts the thread in the default environment (round to nearest, subnormals
-// kept, exceptions masked) for its lifetime and gives the caller's back.
+// kept, every exception masked, x87's too) for its lifetime and gives the
+// caller's back: its rounding, flush bits, traps and the exception flags it
+// had raised. Flags raised inside are dropped with the call's environment
+// (NaN and infinity are results of flce's semantics, not errors).
 #pragma once
 
 #include <cfenv>
@@ -22,15 +25,19 @@ namespace flce {
 class DefaultFloatEnv {
  public:
   DefaultFloatEnv() {
-    std::fegetenv(&saved_);
 #if defined(__x86_64__) || defined(__i386__)
     saved_csr_ = _mm_getcsr();
-    _mm_setcsr(kDefaultCsr);
 #elif defined(__aarch64__)
     __asm__ volatile("mrs %0, fpcr" : "=r"(saved_fpcr_));
+#endif
+    std::fegetenv(&saved_);
+    std::fesetenv(FE_DFL_ENV);  // x87 and SSE (or FPCR): to nearest, all masked
+    // The flush bits too, whatever the C library's default leaves of them.
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_setcsr(kDefaultCsr);
+#elif defined(__aarch64__)
     __asm__ volatile("msr fpcr, %0" : : "r"(uint64_t(0)));
 #endif
-    std::fesetround(FE_TONEAREST);
   }
   ~DefaultFloatEnv() {
     std::fesetenv(&saved_);
