@@ -54,11 +54,27 @@ flce::RunConfig cpu(int threads = 0, std::string gemm = "") {
 
 // Whether the default GEMM engine multiplies bf16 here, so that a bf16
 // step with bf16 dlogits runs its GEMMs in bf16 (cpu::Plan::grad_gemm);
-// oneDNN has no bf16 without AVX-512, and then G stays f32.
+// oneDNN takes bf16 only with AVX512-BF16 or AMX dot products, and
+// otherwise G stays f32 (the tests of bf16 G then skip, saying so).
 bool bf16_gemm_here() {
   flce::Problem p = flce_test::step_shapes(64, 64, 512, Dtype::bf16, Dtype::f32);
   p.options.grad_logits_dtype = GradLogitsDtype::storage;
   return flce::cpu::make_plan(p, Pass::loss_and_grad, cpu()).grad_gemm == Dtype::bf16;
+}
+
+// Those skips must not hide a probe that lost bf16 where the CPU has it.
+TEST(CpuGemm, Bf16GemmsWhereTheCpuHasBf16DotProducts) {
+#if defined(__x86_64__)
+  if (!__builtin_cpu_supports("avx512bf16")) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+#else
+  GTEST_SKIP() << "x86-64 only";
+#endif
+  if (std::getenv("ONEDNN_MAX_CPU_ISA") != nullptr) GTEST_SKIP() << "ONEDNN_MAX_CPU_ISA caps oneDNN";
+  bool onednn = false;
+  for (const flce::cpu::GemmEngine* engine : flce::cpu::gemm_engines())
+    onednn |= std::string(engine->name()) == "onednn";
+  if (!onednn) GTEST_SKIP() << "built without oneDNN";
+  EXPECT_TRUE(bf16_gemm_here());
 }
 
 // The policy for the cpu backend: f32 accumulation, plus u_q where a

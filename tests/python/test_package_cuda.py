@@ -215,7 +215,10 @@ def test_flce_torch_training_step_agrees_with_the_oracle(dtype, grad_logits, sof
     # What a training loop runs: flce.torch's loss on 16-bit CUDA tensors,
     # then backward, asking for no per-row output (the backend keeps no sum
     # of p s, and without a bias G takes its plain forms). Judged by the
-    # policy, as flce.loss_and_grad's outputs are above.
+    # policy, as flce.loss_and_grad's outputs are above; without u_q, since
+    # no plan stashes here: grad_W's 9000 x 64 bf16 hold 960 classes of
+    # codes for 600 rows, less than one 2048-class tile, and one gradient
+    # block spans V (cuda/plan.cpp, stash_layout).
     x, w, y, _ = make(600, 64, 9000, dtype, {}, seed=3)
     xd, wd = (t.to(DEV).requires_grad_(True) for t in (x, w))
     loss = flce.torch.linear_cross_entropy(xd, wd, y.to(DEV), softcap=softcap,
