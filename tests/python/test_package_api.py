@@ -577,3 +577,27 @@ def test_binding_range_checks_name_the_bad_value():
         binding.run("forward", {"x": (-8,) + desc[1:] + (0,)}, {}, {})
     with pytest.raises(ValueError, match=r"^workspace: pointer -8 < 0"):
         binding.run("forward", {"x": desc + (0,)}, {}, {"workspace": (-8, 64)})
+
+
+def test_torch_flush_denormal_on_the_calling_thread_changes_no_bit():
+    # torch.set_flush_denormal(True) sets FTZ and DAZ on the calling thread
+    # alone. The cpu backend splits a call between that thread and OpenMP's
+    # pool, and computes in the default environment on all of them: the
+    # subnormal dlogits (p = e^-100 / 2) come out the same for any thread
+    # count. Before, the calling thread's tiles flushed them and the pool's
+    # did not.
+    logits = np.full((2, 4 * 512), -100.0, np.float32)
+    logits[:, 0] = 0.0
+    y = np.array([0, 3])
+    want = flce.loss_and_grad(logits=logits, labels=y, backend="cpu", threads=1).as_dict()
+    assert want["grad_logits"][0, 1] != 0  # subnormal, not flushed
+    if not torch.set_flush_denormal(True):
+        pytest.skip("torch cannot flush subnormals on this CPU")
+    try:
+        runs = [flce.loss_and_grad(logits=logits, labels=y, backend="cpu", threads=t).as_dict()
+                for t in (1, 2, 3)]
+    finally:
+        torch.set_flush_denormal(False)
+    for got in runs:
+        for k, v in want.items():
+            assert np.asarray(got[k]).tobytes() == np.asarray(v).tobytes(), k
