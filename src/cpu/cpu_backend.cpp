@@ -18,9 +18,9 @@
 
 #include "common/float32_options.h"
 #include "common/loss_terms.h"
+#include "common/parallel.h"
 #include "common/tensor_access.h"
 #include "cpu/operands.h"
-#include "common/parallel.h"
 #include "cpu/plan.h"
 #include "cpu/steps.h"
 

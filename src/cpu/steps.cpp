@@ -9,10 +9,10 @@
 #include <vector>
 
 #include "common/loss_terms.h"
+#include "common/parallel.h"
 #include "common/row_terms.h"
 #include "common/tensor_access.h"
 #include "cpu/operands.h"
-#include "common/parallel.h"
 
 namespace flce::cpu {
 namespace {
