@@ -187,11 +187,9 @@ void write_outputs(const RunState& s, const std::string& dir,
   const std::vector<std::string> removed = commit_outputs(dir, written, inputs,
                                                          /*remove_others=*/true, &not_removed);
   // They may be the user's own files of those names, not an earlier run's.
-  std::string names;
-  for (const std::string& name : removed) names += (names.empty() ? "" : ", ") + name;
-  if (!names.empty())
+  if (!removed.empty())
     std::fprintf(stderr, "flce run: note: removed %s from --out %s (output names this run "
-                 "does not write)\n", names.c_str(), dir.c_str());
+                 "does not write)\n", name_list(removed).c_str(), dir.c_str());
   for (const std::string& why : not_removed)  // this run's outputs are in place regardless
     std::fprintf(stderr, "flce run: warning: --out %s keeps %s (not this run's output)\n",
                  dir.c_str(), why.c_str());
