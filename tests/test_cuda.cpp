@@ -129,23 +129,20 @@ void check(const DenseProblem& d, const Storage& st, Pass pass = Pass::loss_and_
   expect_agreement(d, st, pass, cuda(), cuda_precision(d, st, pass), in_place);
 }
 
-void check_all_passes(const Case& c) {
-  for (Pass pass : {Pass::forward, Pass::backward, Pass::loss_and_grad}) {
-    SCOPED_TRACE(flce::pass_name(pass));
-    check(c.problem(), c.storage(), pass);
-  }
-}
-
-// The same asking for fewer per-row outputs (agreement.h, RowOutputs).
+// Forward, backward and step, asking for the per-row outputs `rows` says
+// (agreement.h, RowOutputs).
 void check_all_passes_asking(const Case& c, RowOutputs rows) {
   const DenseProblem d = c.problem();
+  const char* asked = rows == RowOutputs::all ? ""
+                      : rows == RowOutputs::none ? ", loss and lse alone" : ", no argmax";
   for (Pass pass : {Pass::forward, Pass::backward, Pass::loss_and_grad}) {
-    SCOPED_TRACE(std::string(flce::pass_name(pass)) +
-                 (rows == RowOutputs::none ? ", loss and lse alone" : ", no argmax"));
+    SCOPED_TRACE(std::string(flce::pass_name(pass)) + asked);
     expect_agreement(d, c.storage(), pass, cuda(), cuda_precision(d, c.storage(), pass), false,
                      WeightGradients::elementwise, rows);
   }
 }
+
+void check_all_passes(const Case& c) { check_all_passes_asking(c, RowOutputs::all); }
 
 // Every pass asking for all per-row outputs, then for loss and lse alone (a
 // training step: no sum of p s, and G in its plain forms).
