@@ -51,19 +51,34 @@ inline bool tile_argmax_needed(const SoftmaxState* st, float tile_max, int64_t j
   return !(st->argmax >= 0 && st->argmax < j0);
 }
 
+// sum_exp_d of a state moved from shift m0 to shift m (delta = m0 - m,
+// f = exp(delta)): sum_j e^(s_j - m) (s_j - m) = f (sum_exp_d + delta
+// sum_exp). Where f is 0 (every term's weight below 2^-149) so is the
+// result, NaN kept, without the delta term: delta may be infinite (shifts
+// near -FLT_MAX and FLT_MAX), and 0 * inf is NaN. One explicit FMA: the
+// vector sets' files are compiled with contraction on, the scalar set's
+// without, and the state's bits must not depend on which contracted what.
+inline float moved_sum_exp_d(float sum_exp_d, float sum_exp, float f, float delta) {
+  return f == 0 ? sum_exp_d * f : __builtin_fmaf(f, sum_exp_d, delta * (f * sum_exp));
+}
+
 // Folds one tile into *st. The tile's sums are relative to
 // shift_of(max(st->max, tile_max)); tile_argmax/tile_first_nan are global
-// indices or -1. The old sums are rescaled by exp(shift(old) - shift(new));
-// a state whose max is -inf has (non-NaN) zero sums, so its factor is 0,
-// and a NaN in its sums still propagates.
-inline void fold_tile(SoftmaxState* st, float tile_max, float sum_exp, float sum_exp_s,
+// indices or -1. The old sums move to the new shift (moved_sum_exp_d): a
+// state whose max is -inf has (non-NaN) zero sums, so its factor is 0, and
+// a NaN in its sum_exp still propagates.
+inline void fold_tile(SoftmaxState* st, float tile_max, float sum_exp, float sum_exp_d,
                       float sum_cs, int64_t tile_argmax, int64_t tile_first_nan) {
   const float m0 = st->max;
   const float m = tile_max > m0 ? tile_max : m0;
-  float f = 1.0f;
-  if (m0 != m) f = (m0 == -kInf) ? 0.0f : __builtin_expf(shift_of(m0) - shift_of(m));
-  st->sum_exp = st->sum_exp * f + sum_exp;
-  st->sum_exp_s = st->sum_exp_s * f + sum_exp_s;
+  if (m0 != m) {
+    const float delta = shift_of(m0) - shift_of(m);
+    const float f = (m0 == -kInf) ? 0.0f : __builtin_expf(delta);
+    st->sum_exp_d = moved_sum_exp_d(st->sum_exp_d, st->sum_exp, f, delta);
+    st->sum_exp = st->sum_exp * f;
+  }
+  st->sum_exp = st->sum_exp + sum_exp;
+  st->sum_exp_d = st->sum_exp_d + sum_exp_d;
   st->sum_cs = st->sum_cs + sum_cs;
   if (tile_max > m0) {
     if (tile_argmax >= 0) st->argmax = tile_argmax;

@@ -12,7 +12,7 @@ namespace flce::simd {
 void softmax_state_init(SoftmaxState* state) {
   state->max = -__builtin_inff();
   state->sum_exp = 0;
-  state->sum_exp_s = 0;
+  state->sum_exp_d = 0;
   state->sum_cs = 0;
   state->argmax = -1;
   state->first_nan = -1;

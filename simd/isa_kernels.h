@@ -14,18 +14,21 @@
 //  online_softmax  two passes over the tile (it is in cache): the max over
 //                  non-NaN s (a max of zero is stored as +0 whichever zeros
 //                  the tile has), then the sums relative to shift = max(state max,
-//                  tile max) if finite, else 0 (see common.h). Terms:
-//                    sum_exp   += exp(s - shift)
-//                    sum_exp_s += e == 0 ? 0 : e * s      (no 0 * -inf NaN)
+//                  tile max) if finite, else 0 (see common.h). Terms, with
+//                  d = s - shift:
+//                    sum_exp   += e = exp(d)
+//                    sum_exp_d += e == 0 ? 0 : e * d      (no 0 * -inf NaN)
 //                    sum_cs    += c * s                   (0 * inf is NaN, as the
 //                                                          semantics' c_j logp_j)
-//                  A NaN s makes sum_exp, sum_exp_s and sum_cs NaN and
+//                  A NaN s makes sum_exp, sum_exp_d and sum_cs NaN and
 //                  first_nan its lowest index; the max ignores it.
 //                  argmax: the lowest index of the max among non-NaN s (so an
 //                  all -inf tile has max -inf and argmax at its first -inf); it
-//                  stays -1 while only NaNs were seen. The old state's sums are
-//                  rescaled by exp(old shift - new shift) (0 for an old max of -inf).
-//                  Without kSoftmaxMoments the tile's sum_exp_s and sum_cs are
+//                  stays -1 while only NaNs were seen. The old state's sums
+//                  move to the new shift (common.h, fold_tile): sum_exp times
+//                  f = exp(old shift - new shift) (0 for an old max of -inf),
+//                  sum_exp_d to f (sum_exp_d + (old shift - new shift) sum_exp).
+//                  Without kSoftmaxMoments the tile's sum_exp_d and sum_cs are
 //                  0, without kSoftmaxArgmax its argmax is -1 (kernels.h); the
 //                  max, sum_exp and first_nan are the same bits either way.
 //  dlogits         p = exp(s - lse);

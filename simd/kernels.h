@@ -23,14 +23,18 @@
 
 namespace flce::simd {
 
-// Running state of one row over the tiles seen so far; every sum is relative
-// to `max` (sum_exp = sum_j exp(s_j - max)). A fresh state has max = -inf
-// and zero sums.
+// Running state of one row over the tiles seen so far; the exponential sums
+// are relative to shift = max where finite, else 0 (common.h, shift_of): with
+// d_j = s_j - shift, sum_exp = sum_j exp(d_j). sum_exp_d takes the scores as
+// d_j too, as the oracle does: the entropy lse - sum_j p_j s_j is then formed
+// from differences to the max, never from two large numbers whose rounding
+// cancels (logits near 1e4 lost 3 of float32's digits that way). A fresh
+// state has max = -inf and zero sums.
 struct SoftmaxState {
   float max;            // max_j s_j over non-NaN s (-inf if none yet)
-  float sum_exp;        // sum_j exp(s_j - max)
-  float sum_exp_s;      // sum_j exp(s_j - max) * s_j   (for the entropy)
-  float sum_cs;         // sum_j c_j * s_j              (for label smoothing)
+  float sum_exp;        // sum_j exp(d_j)
+  float sum_exp_d;      // sum_j exp(d_j) * d_j   (for the entropy)
+  float sum_cs;         // sum_j c_j * s_j        (for label smoothing)
   int64_t argmax;       // lowest index of max; -1 if none yet
   int64_t first_nan;    // lowest index of a NaN s_j; -1 if none
 };
@@ -38,12 +42,12 @@ struct SoftmaxState {
 void softmax_state_init(SoftmaxState* state);
 
 // What online_softmax computes besides max, sum_exp and first_nan. A tile
-// called without kSoftmaxMoments adds 0 to sum_exp_s and sum_cs, one
+// called without kSoftmaxMoments adds 0 to sum_exp_d and sum_cs, one
 // without kSoftmaxArgmax leaves argmax alone (the state's sums are still
 // rescaled): the sums and the search cost a quarter of the kernel's time,
 // and most calls need neither (no entropy, smoothing or argmax output).
 enum SoftmaxExtras : unsigned {
-  kSoftmaxMoments = 1,  // sum_exp_s and sum_cs
+  kSoftmaxMoments = 1,  // sum_exp_d and sum_cs
   kSoftmaxArgmax = 2,   // argmax
   kSoftmaxAll = 3,
 };

@@ -465,6 +465,22 @@ TEST(CpuEdge, AVocabularyMaskAtTheLowestFloatKeepsTheEntropyFinite) {
   }
 }
 
+// The entropy is formed from differences to the row's max (simd/kernels.h,
+// sum_exp_d; row_terms.h), as the oracle's: logits moved by 2^20, their
+// differences exact (offset_pair), give the same entropy to lse's rounding
+// in double. Formed as lse - sum_j p_j s_j from unshifted scores, it moved
+// by about 0.06 (by 4e-4 at an offset of 1e4). Logits, and a head moved by
+// its bias.
+TEST(CpuEdge, TheEntropyIgnoresALargeCommonOffsetOfTheLogits) {
+  for (Case c : {logits(6, 3 * kTile + 77), head(6, 16, 3 * kTile + 77).with_bias()}) {
+    c.with_grad_entropy();
+    DenseProblem d = c.problem(), moved;
+    offset_pair(&d, &moved, 17);
+    SCOPED_TRACE(d.logits_entry ? "logits" : "head");
+    expect_entropy_ignores_offset(d, moved, c.storage(), cpu());
+  }
+}
+
 // Label smoothing on a class of weight 0 whose logit is infinite: c_j logp_j
 // is 0 * inf, NaN in the semantics (as in PyTorch); the kernels dropped the
 // class and gave a finite loss. (Where the logit is +inf, lse is too and the
@@ -648,7 +664,7 @@ TEST(CpuDeterminism, SameBitsForAnyThreadCountAndRun) {
 // Without per-row outputs the softmax kernels skip the entropy and
 // smoothing sums and the argmax search (Plan::softmax_extras); what is
 // computed either way must keep its bits. Label smoothing needs sum_cs for
-// the loss, and grad_entropy needs sum_exp_s for G, so there they stay on.
+// the loss, and grad_entropy needs sum_exp_d for G, so there they stay on.
 TEST(CpuSoftmaxExtras, LossLseAndGradientsKeepTheirBitsWithoutPerRowOutputs) {
   for (const Case& c : {head(70, 20, 2 * kTile + 17).with_bias().softcap(3),
                         head(70, 20, kTile + 9).stored_as(Dtype::bf16).label_smoothing(0.1),

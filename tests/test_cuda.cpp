@@ -1205,6 +1205,26 @@ TEST_F(CudaGpu, AVocabularyMaskAtTheLowestFloatKeepsTheEntropyFinite) {
   }
 }
 
+// As CpuEdge.TheEntropyIgnoresALargeCommonOffsetOfTheLogits: the sums of
+// p (s - max) in the generic kernels (logits; an f32 head) and the fused one
+// (a bf16 head), through their merges across tiles (tiles of 16 classes) and
+// across a fused tile's 256-class subtiles. Their exponentials round at the
+// offset's size (exp_at), which the bound allows for: about 1e-5 here,
+// against the 0.06 of the unshifted sums.
+TEST_F(CudaGpu, TheEntropyIgnoresALargeCommonOffsetOfTheLogits) {
+  setenv("FLCE_CUDA_TILE", "8x16", 1);
+  std::vector<Case> cases = {logits(6, 300), head(6, 16, 300).with_bias()};
+  if (FLCE_FUSED_MISSING().empty()) cases.push_back(fused_head(6, 16, 1100, 1).with_bias());
+  for (Case& c : cases) {
+    c.with_grad_entropy();
+    DenseProblem d = c.problem(), moved;
+    offset_pair(&d, &moved, 17);
+    SCOPED_TRACE((d.logits_entry ? "logits, " : "head, ") +
+                 std::string(flce::dtype_name(c.storage().inputs)));
+    expect_entropy_ignores_offset(d, moved, c.storage(), cuda(), ExpArguments::rounded_at_the_offset);
+  }
+}
+
 // Pass 1 keeps its tile states (64 MiB: 2^21 of them) for as many rows as
 // they hold at a time: at a Gemma-2 head of 32768 rows, 16384. Tiles of 2
 // classes over 2048 make that 2048 rows, so 2100 rows take two runs, the

@@ -1,5 +1,5 @@
 // online_softmax, AVX2: pass 1 the tile max (4 accumulators), pass 2 the
-// sums relative to the new shift (2 accumulator sets; sum_exp_s and sum_cs
+// sums relative to the new shift (2 accumulator sets; sum_exp_d and sum_cs
 // only with kSoftmaxMoments), masked tails; the argmax and first-NaN
 // searches stop at the first hit, the argmax one runs only with
 // kSoftmaxArgmax and the NaN one only when sum_exp came out NaN.
@@ -66,7 +66,7 @@ int64_t find_nan(const float* s, int64_t n) {
 }
 
 struct Acc {
-  __m256 se, ses, scs;
+  __m256 se, sed, scs;
 };
 
 // One vector of terms; masked-off tail lanes arrive as s = -inf, c = 0, and
@@ -74,11 +74,12 @@ struct Acc {
 // gives NaN, as c_j logp_j does in the semantics.
 template <bool kClassW, bool kMoments, bool kTail = false>
 inline void accumulate(Acc& acc, __m256 x, __m256 c, __m256 shift, __m256 m = __m256()) {
-  const __m256 e = exp_ps(_mm256_sub_ps(x, shift));
+  const __m256 d = _mm256_sub_ps(x, shift);
+  const __m256 e = exp_ps(d);
   acc.se = _mm256_add_ps(acc.se, e);
   if (!kMoments) return;
-  // e * max(s, -FLT_MAX): e == 0 exactly where s = -inf, so no 0 * inf.
-  acc.ses = _mm256_fmadd_ps(e, _mm256_max_ps(splat(-0x1.fffffep127f), x), acc.ses);
+  // e * max(d, -FLT_MAX): e == 0 exactly where d = -inf, so no 0 * inf.
+  acc.sed = _mm256_fmadd_ps(e, _mm256_max_ps(splat(-0x1.fffffep127f), d), acc.sed);
   if (kClassW) {
     const __m256 cx = _mm256_mul_ps(c, x);  // 0 * -inf in a tail lane: NaN, masked off
     acc.scs = _mm256_add_ps(acc.scs, kTail ? _mm256_and_ps(m, cx) : cx);
@@ -111,7 +112,7 @@ void sums(const float* s, const float* class_w, int64_t n, float shift_f, float*
                                         shift, _mm256_castsi256_ps(m));
   }
   out[0] = hsum(_mm256_add_ps(a0.se, a1.se));
-  out[1] = hsum(_mm256_add_ps(a0.ses, a1.ses));
+  out[1] = hsum(_mm256_add_ps(a0.sed, a1.sed));
   out[2] = hsum(_mm256_add_ps(a0.scs, a1.scs));
 }
 

@@ -1,5 +1,5 @@
 // online_softmax, AVX-512: pass 1 the tile max (4 accumulators), pass 2 the
-// sums relative to the new shift (2 accumulator sets; sum_exp_s and sum_cs
+// sums relative to the new shift (2 accumulator sets; sum_exp_d and sum_cs
 // only with kSoftmaxMoments), masked tails; the argmax and first-NaN
 // searches stop at the first hit, the argmax one runs only with
 // kSoftmaxArgmax and the NaN one only when sum_exp came out NaN.
@@ -61,7 +61,7 @@ int64_t find_nan(const float* s, int64_t n) {
 }
 
 struct Acc {
-  __m512 se, ses, scs;
+  __m512 se, sed, scs;
 };
 
 // One vector of terms; masked-off tail lanes arrive as s = -inf, c = 0, and
@@ -74,8 +74,8 @@ inline void accumulate(Acc& acc, __m512 x, __m512 c, __m512 shift, __mmask16 m) 
   const __m512 e = kFinite ? exp_nonpositive_ps(t) : exp_ps(t);
   acc.se = _mm512_add_ps(acc.se, e);
   if (!kMoments) return;
-  // e * max(s, -FLT_MAX): e == 0 exactly where s = -inf, so no 0 * inf.
-  acc.ses = _mm512_fmadd_ps(e, _mm512_max_ps(splat(-0x1.fffffep127f), x), acc.ses);
+  // e * max(t, -FLT_MAX): e == 0 exactly where t = -inf, so no 0 * inf.
+  acc.sed = _mm512_fmadd_ps(e, _mm512_max_ps(splat(-0x1.fffffep127f), t), acc.sed);
   if (kClassW) {  // a weight of 0 on an infinite s: NaN, as c_j logp_j in the semantics
     acc.scs = _mm512_mask3_fmadd_ps(c, x, acc.scs, m);
   } else {
@@ -107,7 +107,7 @@ void sums(const float* s, const float* class_w, int64_t n, float shift_f, float*
         kClassW ? _mm512_maskz_loadu_ps(m, class_w + i) : zero, m);
   }
   out[0] = _mm512_reduce_add_ps(_mm512_add_ps(a0.se, a1.se));
-  out[1] = _mm512_reduce_add_ps(_mm512_add_ps(a0.ses, a1.ses));
+  out[1] = _mm512_reduce_add_ps(_mm512_add_ps(a0.sed, a1.sed));
   out[2] = _mm512_reduce_add_ps(_mm512_add_ps(a0.scs, a1.scs));
 }
 

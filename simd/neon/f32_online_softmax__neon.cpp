@@ -1,5 +1,5 @@
 // online_softmax, NEON: pass 1 the tile max (4 accumulators), pass 2 the
-// sums relative to the new shift (2 accumulator sets; sum_exp_s and sum_cs
+// sums relative to the new shift (2 accumulator sets; sum_exp_d and sum_cs
 // only with kSoftmaxMoments); the tail goes through one padded vector; the
 // argmax and first-NaN searches stop at the first hit, the argmax one runs
 // only with kSoftmaxArgmax and the NaN one only when sum_exp came out NaN.
@@ -67,18 +67,19 @@ int64_t find_nan(const float* s, int64_t n) {
 }
 
 struct Acc {
-  float32x4_t se, ses, scs;
+  float32x4_t se, sed, scs;
 };
 
 // One vector of terms; padded tail lanes arrive as s = -inf, c = 0, and
 // `m` (all ones in the body) keeps them out of sum_cs.
 template <bool kClassW, bool kMoments>
 inline void accumulate(Acc& acc, float32x4_t x, float32x4_t c, float32x4_t shift, uint32x4_t m) {
-  const float32x4_t e = exp_ps(vsubq_f32(x, shift));
+  const float32x4_t d = vsubq_f32(x, shift);
+  const float32x4_t e = exp_ps(d);
   acc.se = vaddq_f32(acc.se, e);
   if (!kMoments) return;
-  // e * max(s, -FLT_MAX) (FMAX keeps NaN): e == 0 exactly where s = -inf.
-  acc.ses = vfmaq_f32(acc.ses, e, vmaxq_f32(x, splat(-0x1.fffffep127f)));
+  // e * max(d, -FLT_MAX) (FMAX keeps NaN): e == 0 exactly where d = -inf.
+  acc.sed = vfmaq_f32(acc.sed, e, vmaxq_f32(d, splat(-0x1.fffffep127f)));
   // A weight of 0 on an infinite s gives NaN, as c_j logp_j does in the
   // semantics; padded lanes (0 * -inf) are masked off.
   const float32x4_t term = kClassW ? vmulq_f32(c, x) : x;
@@ -112,7 +113,7 @@ void sums(const float* s, const float* class_w, int64_t n, float shift_f, float*
         kClassW ? load_partial(class_w + i, r, 0.0f) : zero, m);
   }
   out[0] = vaddvq_f32(vaddq_f32(a0.se, a1.se));
-  out[1] = vaddvq_f32(vaddq_f32(a0.ses, a1.ses));
+  out[1] = vaddvq_f32(vaddq_f32(a0.sed, a1.sed));
   out[2] = vaddvq_f32(vaddq_f32(a0.scs, a1.scs));
 }
 

@@ -15,12 +15,13 @@ void f32_online_softmax__scalar(const float* s, const float* class_w, int64_t n,
 
   const float shift = detail::shift_of(tile_max > state->max ? tile_max : state->max);
   const bool moments = extras & kSoftmaxMoments;
-  float sum_exp = 0, sum_exp_s = 0, sum_cs = 0;
+  float sum_exp = 0, sum_exp_d = 0, sum_cs = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const float e = std::exp(s[i] - shift);
+    const float d = s[i] - shift;
+    const float e = std::exp(d);
     sum_exp += e;
     if (!moments) continue;
-    sum_exp_s += e == 0 ? 0.0f : e * s[i];
+    sum_exp_d += e == 0 ? 0.0f : e * d;
     if (class_w) sum_cs += class_w[i] * s[i];
     else sum_cs += s[i];
   }
@@ -34,7 +35,7 @@ void f32_online_softmax__scalar(const float* s, const float* class_w, int64_t n,
     for (int64_t i = 0; i < n; ++i)
       if (std::isnan(s[i])) { first_nan = j0 + i; break; }
 
-  detail::fold_tile(state, tile_max, sum_exp, sum_exp_s, sum_cs, argmax, first_nan);
+  detail::fold_tile(state, tile_max, sum_exp, sum_exp_d, sum_cs, argmax, first_nan);
 }
 
 }  // namespace flce::simd

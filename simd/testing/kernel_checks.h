@@ -652,21 +652,29 @@ inline void check_online_softmax(const KernelSet& ks, const KernelSet& ref, Repo
             // same f32 arguments fl(s - shift) the kernels exponentiate.
             const float m0 = in.st.max, mt = m > m0 ? m : m0;
             const float shift = std::isfinite(mt) ? mt : 0.0f;
-            double se = 0, ses = 0, scs = 0, smax = 0;  // sums of |term|
-            double xse = 0, xses = 0, xscs = 0;         // exact sums of the terms
+            double se = 0, sed = 0, scs = 0, dmax = 0;  // sums of |term|
+            double xse = 0, xsed = 0, xscs = 0;         // exact sums of the terms
             for (int64_t i = 0; i < n; ++i) {
               const float si = s[size_t(i)];
-              const double e = std::exp(double(si - shift));
+              const float di = si - shift;
+              const double e = std::exp(double(di));
               se += e;
               xse += e;
-              if (e != 0) ses += std::fabs(e * si), xses += e * si;
+              if (e != 0) sed += std::fabs(e * di), xsed += e * di;
               const float ci = with_cw ? c[size_t(i)] : 1.0f;
               scs += std::fabs(double(ci) * si), xscs += double(ci) * si;  // 0 * inf: NaN
-              if (std::isfinite(si)) smax = std::fabs(si) > smax ? std::fabs(si) : smax;
+              if (std::isfinite(di)) dmax = std::fabs(di) > dmax ? std::fabs(di) : dmax;
             }
             const float f = rescale_factor(m0, mt);
             const double old_se = double(in.st.sum_exp * f);
-            const double old_ses = double(in.st.sum_exp_s * f);
+            // The old sum_exp_d moved to the new shift: f (sum_exp_d + delta
+            // sum_exp), 0 where f is; its three roundings join the tolerance.
+            const double delta = double((std::isfinite(m0) ? m0 : 0.0f) - shift);
+            const bool moved = m0 != mt;
+            const double moved_terms = !moved || f == 0 ? 0.0
+                : std::fabs(double(f) * in.st.sum_exp_d) + std::fabs(delta * f * in.st.sum_exp);
+            const double old_sed = !moved ? double(in.st.sum_exp_d) : f == 0 ? 0.0 * in.st.sum_exp_d
+                : double(f) * (double(in.st.sum_exp_d) + delta * double(in.st.sum_exp));
             const double old_scs = double(in.st.sum_cs);
             // (1) Against the reference: each side's terms and sum, and the
             // final addition on each side.
@@ -674,13 +682,13 @@ inline void check_online_softmax(const KernelSet& ks, const KernelSet& ref, Repo
             // exp: 4u + 2u; tail of subnormal terms: n 2^-148.
             const double tol_se =
                 (6 * kU + g2) * se + 2 * kU * (std::fabs(old_se) + se) + n * kTiny;
-            // e * s: exp 6u, the reference's product u.
-            const double tol_ses =
-                (7 * kU + g2) * ses + 2 * kU * (std::fabs(old_ses) + ses) + n * kTiny * smax;
+            // e * d: exp 6u, the reference's product u.
+            const double tol_sed = (7 * kU + g2) * sed + 2 * kU * (std::fabs(old_sed) + sed) +
+                                   n * kTiny * dmax;
             // c * s: the product u on each side.
             const double tol_scs = (2 * kU + g2) * scs + 2 * kU * (std::fabs(old_scs) + scs);
             expect_sum(r, where, "sum_exp", sk.sum_exp, sr.sum_exp, tol_se);
-            expect_sum(r, where, "sum_exp_s", sk.sum_exp_s, sr.sum_exp_s, tol_ses);
+            expect_sum(r, where, "sum_exp_d", sk.sum_exp_d, sr.sum_exp_d, tol_sed);
             expect_sum(r, where, "sum_cs", sk.sum_cs, sr.sum_cs, tol_scs);
             // (2) The set under test against the exact sums, with the height h
             // of its summation tree instead of n - 1 (a lane sums at most
@@ -704,7 +712,8 @@ inline void check_online_softmax(const KernelSet& ks, const KernelSet& ref, Repo
                               where.c_str(), what, v, total, tol, (long long)h));
             };
             exact("sum_exp", sk.sum_exp, old_se, xse, se, 4 * kU, n * kTiny);
-            exact("sum_exp_s", sk.sum_exp_s, old_ses, xses, ses, 5 * kU, n * kTiny * smax);
+            exact("sum_exp_d", sk.sum_exp_d, old_sed, xsed, sed, 5 * kU,
+                  n * kTiny * dmax + 3 * kU * moved_terms);
             exact("sum_cs", sk.sum_cs, old_scs, xscs, scs, kU, 0.0);
           }
         }
@@ -769,7 +778,7 @@ inline void check_online_softmax_offsets(const KernelSet& ks, Report& r) {
         if (off == 0) first = st;
         const bool same = bits(st.max) == bits(first.max) &&
                           bits(st.sum_exp) == bits(first.sum_exp) &&
-                          bits(st.sum_exp_s) == bits(first.sum_exp_s) &&
+                          bits(st.sum_exp_d) == bits(first.sum_exp_d) &&
                           bits(st.sum_cs) == bits(first.sum_cs) && st.argmax == first.argmax &&
                           st.first_nan == first.first_nan;
         r.expect(same, format("%s online_softmax n=%lld %s: offset %d folds to other bits than "
@@ -781,7 +790,7 @@ inline void check_online_softmax_offsets(const KernelSet& ks, Report& r) {
 }
 
 // Leaving SoftmaxExtras out (kernels.h): the max, sum_exp and first_nan keep
-// the bits of the call with every extra; sum_exp_s and sum_cs keep theirs
+// the bits of the call with every extra; sum_exp_d and sum_cs keep theirs
 // with kSoftmaxMoments and are the old state's, rescaled, without; argmax
 // keeps its value with kSoftmaxArgmax and is the old state's without.
 inline void check_online_softmax_extras(const KernelSet& ks, Report& r) {
@@ -808,14 +817,18 @@ inline void check_online_softmax_extras(const KernelSet& ks, Report& r) {
                          got.first_nan == all.first_nan,
                      where + ": max, sum_exp or first_nan differ from the call with every extra");
             // The old sums rescaled as fold_tile does, plus the tile's 0.
-            const float m0 = in.st.max, f = rescale_factor(m0, m > m0 ? m : m0);
+            const float m0 = in.st.max, mt = m > m0 ? m : m0, f = rescale_factor(m0, mt);
             const bool moments = extras & kSoftmaxMoments;
-            const float want_ses = moments ? all.sum_exp_s : in.st.sum_exp_s * f + 0.0f;
+            const float delta = (std::isfinite(m0) ? m0 : 0.0f) - (std::isfinite(mt) ? mt : 0.0f);
+            const float moved_sed = m0 == mt ? in.st.sum_exp_d
+                                    : f == 0 ? in.st.sum_exp_d * f
+                                    : std::fma(f, in.st.sum_exp_d, delta * (f * in.st.sum_exp));
+            const float want_sed = moments ? all.sum_exp_d : moved_sed + 0.0f;
             const float want_scs = moments ? all.sum_cs : in.st.sum_cs + 0.0f;
             auto same = [](float a, float b) { return bits(a) == bits(b) || (a != a && b != b); };
-            r.expect(same(got.sum_exp_s, want_ses) && same(got.sum_cs, want_scs),
-                     format("%s: sum_exp_s %a sum_cs %a, expected %a %a", where.c_str(),
-                            got.sum_exp_s, got.sum_cs, want_ses, want_scs));
+            r.expect(same(got.sum_exp_d, want_sed) && same(got.sum_cs, want_scs),
+                     format("%s: sum_exp_d %a sum_cs %a, expected %a %a", where.c_str(),
+                            got.sum_exp_d, got.sum_cs, want_sed, want_scs));
             const int64_t want_arg = (extras & kSoftmaxArgmax) ? all.argmax : in.st.argmax;
             r.expect(got.argmax == want_arg, format("%s: argmax %lld, expected %lld", where.c_str(),
                                                     (long long)got.argmax, (long long)want_arg));
@@ -1025,7 +1038,7 @@ inline void check_dispatch(Report& r) {
   r.expect(&best_kernels() == &best_kernels(), "best_kernels() not stable");
   SoftmaxState st{1, 2, 3, 4, 5, 6};
   softmax_state_init(&st);
-  r.expect(st.max == -kInf && st.sum_exp == 0 && st.sum_exp_s == 0 && st.sum_cs == 0 &&
+  r.expect(st.max == -kInf && st.sum_exp == 0 && st.sum_exp_d == 0 && st.sum_cs == 0 &&
                st.argmax == -1 && st.first_nan == -1,
            "softmax_state_init");
 }

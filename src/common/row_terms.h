@@ -57,16 +57,20 @@ FLCE_HOST_DEVICE inline double row_loss(const LossConstants& k, bool ignored, do
   return t_i * (ce + z_loss_term(k, lse));
 }
 
-// A tile's share of the row's sum_j p_ij s_ij (for the entropy), from its
-// softmax state: e^(max_t - lse) sum_exp_s_t. A tile whose weight
-// underflows holds only p_ij below 2^-1074, which add nothing; its f32 sum
-// may be -inf (a vocabulary mask at -FLT_MAX: two such scores overflow),
-// and 0 * inf would make the row's entropy and every gradient of it NaN. (A
-// row masked whole keeps that -inf in its max tile: its entropy is not
-// finite, where the oracle's is log V.)
-FLCE_HOST_DEVICE inline double tile_mean_score(float max_t, float sum_exp_s_t, double lse) {
+// A tile's share of sum_j p_ij (s_ij - m), m the row's finite max, from its
+// softmax state (sums relative to its own max m_t, simd/kernels.h):
+// e^(m_t - lse) (sum_exp_d_t + (m_t - m) sum_exp_t). Summed over the tiles
+// it is sbar_d, and the entropy lse - sum_j p_ij s_ij is (lse - m) - sbar_d,
+// formed from differences to the max as the oracle's (no cancellation of
+// two numbers of the logits' size; each term e^d d of sum_exp_d is at most
+// 1/e in size, so a vocabulary mask at -FLT_MAX no longer overflows it). A
+// tile whose weight underflows holds only p_ij below 2^-1074, which add
+// nothing, and is skipped.
+FLCE_HOST_DEVICE inline double tile_mean_score_d(float max_t, float sum_exp_t, float sum_exp_d_t,
+                                                 double m, double lse) {
   const double weight = max_t == -INFINITY ? 0.0 : exp(double(max_t) - lse);
-  return weight == 0 ? 0.0 : weight * double(sum_exp_s_t);
+  if (weight == 0) return 0.0;
+  return weight * (double(sum_exp_d_t) + (double(max_t) - m) * double(sum_exp_t));
 }
 
 }  // namespace flce

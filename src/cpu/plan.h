@@ -103,7 +103,7 @@ struct Plan {
   // row's forward outputs do not depend on the rows around it (flce eval's
   // blocks give flce run's bits).
   bool tile_scores = false;
-  // simd::SoftmaxExtras the rows need: sum_exp_s for the entropy (output or
+  // simd::SoftmaxExtras the rows need: sum_exp_d for the entropy (output or
   // cotangent), sum_cs for label smoothing, argmax for its output.
   unsigned softmax_extras = simd::kSoftmaxAll;
   int64_t tiles = 0;      // ceil(V / kVocabTile)

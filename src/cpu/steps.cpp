@@ -153,11 +153,12 @@ Merged merge_states(const simd::SoftmaxState* st, int64_t tiles) {
   return m;
 }
 
-// sum_j p_ij s_ij = sum_t exp(max_t - lse) * sum_exp_s_t (tile_mean_score).
-double weighted_mean_score(const simd::SoftmaxState* st, int64_t tiles, double lse) {
-  double sbar = 0;
-  for (int64_t t = 0; t < tiles; ++t) sbar += tile_mean_score(st[t].max, st[t].sum_exp_s, lse);
-  return sbar;
+// sum_j p_ij (s_ij - m) over the row's tiles, m its finite max (tile_mean_score_d).
+double weighted_mean_score_d(const simd::SoftmaxState* st, int64_t tiles, double m, double lse) {
+  double sbar_d = 0;
+  for (int64_t t = 0; t < tiles; ++t)
+    sbar_d += tile_mean_score_d(st[t].max, st[t].sum_exp, st[t].sum_exp_d, m, lse);
+  return sbar_d;
 }
 
 double lse_of(const Merged& m) {
@@ -221,9 +222,16 @@ void merge_rows(const Context& c, int64_t i0, int64_t rows) {
     // sbar (an exp per tile) only where the entropy's sums were computed:
     // its output and cotangent are its only readers. An infinite max makes
     // every p_j = e^(s_j - lse) NaN (inf - inf), so sbar is NaN, as the
-    // oracle's sum gives.
-    if (plan.softmax_extras & simd::kSoftmaxMoments)
-      info.sbar = std::isinf(m.max) ? NAN : weighted_mean_score(st, plan.tiles, info.lse);
+    // oracle's sum gives. The entropy is (lse - m) - sbar_d.
+    double entropy = NAN;
+    if (plan.softmax_extras & simd::kSoftmaxMoments) {
+      info.sbar = NAN;
+      if (!std::isinf(m.max)) {
+        const double sbar_d = weighted_mean_score_d(st, plan.tiles, m.max, info.lse);
+        info.sbar = m.max + sbar_d;
+        entropy = (info.lse - m.max) - sbar_d;
+      }
+    }
     if (!info.ignored)
       info.s_y = plan.label_scores_aside() ? c.ws.label_score[r] : c.ws.scores[r * plan.scores_ld + info.y];
     if (plan.pass != Pass::forward) set_grad_terms(c, i, &info);
@@ -235,7 +243,7 @@ void merge_rows(const Context& c, int64_t i0, int64_t rows) {
     store(p.lse, i, info.lse);
     if (p.logprob.present()) store(p.logprob, i, logp_y);
     if (p.argmax.present()) store(p.argmax, i, double(m.first_nan >= 0 ? m.first_nan : m.argmax));
-    if (p.entropy.present()) store(p.entropy, i, info.lse - info.sbar);
+    if (p.entropy.present()) store(p.entropy, i, entropy);
     if (p.zloss.present()) store(p.zloss, i, z_loss_term(k, info.lse));
     if (p.options.reduction == Reduction::none) store(p.loss, i, c.ws.row_loss[i]);
   });

@@ -167,7 +167,7 @@ __device__ int first_nan_column(const float* u, const TileParams& q, int tid, in
 // checks per quad rather than per column where they can be, the NaN search
 // after the loop (first_nan_column). The states merge by a warp butterfly,
 // then a row's first thread folds its warps in order. What a call does not
-// need is compiled out: sum_exp_s (kSbar: entropy or grad_entropy), sum_cs
+// need is compiled out: sum_exp_d (kSbar: entropy or grad_entropy), sum_cs
 // (kSumCs: label smoothing), the softcap, and the scale and bias (kRaw: a = 1,
 // no bias). Columns stay 32-bit and tile-relative until the merge. Those
 // cuts, with one load in flight, took the softcapped kernel 56 -> 50 us a
@@ -185,7 +185,7 @@ __global__ void tile_states_kernel(LossArgs g, ScoreTile tile, int64_t t, int64_
   const int y_col = live ? label_column(load_int(g.labels, i), tile.j0, cols) : -1;
   const bool aligned = reinterpret_cast<uintptr_t>(u) % 16 == 0;
   const bool bias_aligned = reinterpret_cast<uintptr_t>(q.bias) % 16 == 0;
-  float max = -kInf, sum_exp = 0, sum_exp_s = 0, sum_cs = 0;
+  float max = -kInf, sum_exp = 0, sum_exp_d = 0, sum_cs = 0;
   int arg_c = -1;
   // The scores of the quad of n <= 4 columns from c, whose raw logits are
   // uq (-inf past n).
@@ -205,20 +205,22 @@ __global__ void tile_states_kernel(LossArgs g, ScoreTile tile, int64_t t, int64_
 #pragma unroll
     for (int k = 0; k < 4; ++k) group_max = fmaxf(group_max, s[k]);  // fmaxf ignores NaN
     if (group_max > max) {  // one rescale per quad, when the max rises
-      const float f = max == -kInf ? 0.0f : exp_of(shift_of(max) - shift_of(group_max));
+      const float delta = shift_of(max) - shift_of(group_max);
+      const float f = max == -kInf ? 0.0f : exp_of(delta);
+      if (kSbar) sum_exp_d = moved_sum_exp_d(sum_exp_d, sum_exp, f, delta);
       sum_exp *= f;
-      if (kSbar) sum_exp_s = drop_or_scale(sum_exp_s, f);
       max = group_max;
       arg_c = -1;
     }
-    const ExpOffset offset = exp_offset(shift_of(max));
+    const float shift = shift_of(max);
+    const ExpOffset offset = exp_offset(shift);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       // Padding is -inf: exp gives 0. A NaN poisons the sums, as on the cpu;
       // the lse of such a row is NaN by first_nan whatever the sums hold.
       const float e = exp_at(s[k], offset);
       sum_exp += e;
-      if (kSbar) sum_exp_s += e == 0 ? 0.0f : e * s[k];
+      if (kSbar) sum_exp_d += e == 0 ? 0.0f : e * (s[k] - shift);
       if (kSumCs && k < n) {
         const float cw = q.class_weight(c + k);
         sum_cs += cw * s[k];  // 0 * inf is NaN, as the semantics' c_j logp_j
@@ -253,7 +255,7 @@ __global__ void tile_states_kernel(LossArgs g, ScoreTile tile, int64_t t, int64_
       if (n[j] > 0) fold(uq[j], c + j * kStride, n[j]);
   }
   State st;
-  st.max = max, st.sum_exp = sum_exp, st.sum_exp_s = sum_exp_s, st.sum_cs = sum_cs;
+  st.max = max, st.sum_exp = sum_exp, st.sum_exp_d = sum_exp_d, st.sum_cs = sum_cs;
   st.argmax = arg_c < 0 ? -1 : tile.j0 + arg_c;
   const int nan_c = isnan(sum_exp) ? first_nan_column<kSoftcap>(u, q, tid, cols) : -1;
   st.first_nan = nan_c < 0 ? -1 : tile.j0 + nan_c;
@@ -279,7 +281,7 @@ __global__ void tile_states_kernel(LossArgs g, ScoreTile tile, int64_t t, int64_
   st = warps[row_in_block][0];
   for (int w = 1; w < kWarps; ++w) st.merge(warps[row_in_block][w]);
   states[(i - state_r0) * tiles + t] =
-      TileState{st.max, st.sum_exp, st.sum_exp_s, st.sum_cs, st.argmax, st.first_nan};
+      TileState{st.max, st.sum_exp, st.sum_exp_d, st.sum_cs, st.argmax, st.first_nan};
 }
 
 // The row's max so far and where it is (arg -1: not yet). Of two, the
@@ -346,14 +348,17 @@ __global__ void merge_rows_kernel(LossArgs g, const TileState* states, int64_t t
   else if (max == INFINITY) lse = INFINITY;
   else if (max == -INFINITY) lse = -INFINITY;
   else lse = max + log(sum_exp);
-  double sbar = 0;  // sum_j p_j s_j
+  // sbar = sum_j p_j s_j = max + sbar_d; the entropy (lse - max) - sbar_d
+  // (row_terms.h, tile_mean_score_d).
+  double sbar = 0, sbar_d = 0;
   if (have_states) {
     if (max == INFINITY || max == -INFINITY) {  // every p_j is inf - inf: NaN, as the oracle's
-      sbar = NAN;
+      sbar = sbar_d = NAN;
     } else if (g.need_sbar) {
       for (int64_t t = lane; t < tiles; t += 32)
-        sbar += tile_mean_score(st[t].max, st[t].sum_exp_s, lse);
-      sbar = warp_sum(sbar);
+        sbar_d += tile_mean_score_d(st[t].max, st[t].sum_exp, st[t].sum_exp_d, max, lse);
+      sbar_d = warp_sum(sbar_d);
+      sbar = max + sbar_d;
     }
   }
   if (lane != 0) return;
@@ -389,7 +394,7 @@ __global__ void merge_rows_kernel(LossArgs g, const TileState* states, int64_t t
   store1(g.lse, i, lse);
   if (g.logprob.present()) store1(g.logprob, i, logp_y);
   if (g.argmax.present()) store1(g.argmax, i, double(first_nan >= 0 ? first_nan : argmax));
-  if (g.entropy.present()) store1(g.entropy, i, lse - sbar);
+  if (g.entropy.present()) store1(g.entropy, i, (lse - max) - sbar_d);
   if (g.zloss.present()) store1(g.zloss, i, z_loss_term(k, lse));
   if (g.reduction == int(Reduction::none)) store1(g.loss, i, loss);
 }

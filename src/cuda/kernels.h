@@ -40,7 +40,7 @@ DView dview(const Tensor& t);
 // One row's softmax statistics over one vocabulary tile; sums are relative
 // to shift(max) (max if finite, else 0), as simd::SoftmaxState.
 struct TileState {
-  float max, sum_exp, sum_exp_s, sum_cs;
+  float max, sum_exp, sum_exp_d, sum_cs;  // sum_exp_d: sum e^(s - shift) (s - shift)
   int64_t argmax;     // lowest index of the max; -1 if none
   int64_t first_nan;  // lowest index of a NaN score; -1 if none
 };

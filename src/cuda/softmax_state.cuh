@@ -27,12 +27,16 @@ inline __device__ int64_t load_int(const DView& t, int64_t i) {
 
 inline __device__ float shift_of(float m) { return isfinite(m) ? m : 0.0f; }
 
-// A running sum of e^(s - max) s rescaled by f = e^(max - new max): 0 where
-// f underflowed (each term's weight e^(s - new max) is then below 2^-149),
-// though the sum may be -inf (scores at -FLT_MAX, a vocabulary mask, sum to
-// it in f32) and 0 * inf is NaN (every entropy and entropy gradient of the
-// row). A row masked whole keeps the -inf in its max's sum: not finite.
-inline __device__ float drop_or_scale(float sum, float f) { return f == 0 ? 0.0f : sum * f; }
+// A running sum_exp_d, sum_j e^(s_j - shift) (s_j - shift), moved to a new
+// shift (delta = old shift - new shift, f = e^delta): f (sum_exp_d + delta
+// sum_exp), as the cpu kernels' (simd/common.h, moved_sum_exp_d). Where f
+// underflowed (each term's weight is then below 2^-149) 0, NaN kept, without
+// the delta term: delta may be infinite (shifts near -FLT_MAX and FLT_MAX),
+// and 0 * inf is NaN; unchanged where the shift is.
+inline __device__ float moved_sum_exp_d(float sum_exp_d, float sum_exp, float f, float delta) {
+  if (f == 0) return sum_exp_d * f;
+  return delta == 0 ? sum_exp_d : fmaf(f, sum_exp_d, delta * (f * sum_exp));
+}
 
 // e^x for the rescales and merges: CUDA's exp2f (2 ulp, as expf; one
 // MUFU.EX2 and a subnormal fix-up) of x log2(e), against expf's range
@@ -140,16 +144,18 @@ struct TileParams {
 
 // A thread's (or a subtree's) running state, as TileState.
 struct State {
-  float max = -kInf, sum_exp = 0, sum_exp_s = 0, sum_cs = 0;
+  float max = -kInf, sum_exp = 0, sum_exp_d = 0, sum_cs = 0;
   int64_t argmax = -1, first_nan = -1;
 
   // Folds `o` in; ties in the max keep the lower index.
   __device__ void merge(const State& o) {
     const float m = o.max > max ? o.max : max;
-    const float f = max == -kInf ? 0.0f : exp_of(shift_of(max) - shift_of(m));
-    const float fo = o.max == -kInf ? 0.0f : exp_of(shift_of(o.max) - shift_of(m));
+    const float delta = shift_of(max) - shift_of(m), delta_o = shift_of(o.max) - shift_of(m);
+    const float f = max == -kInf ? 0.0f : exp_of(delta);
+    const float fo = o.max == -kInf ? 0.0f : exp_of(delta_o);
+    sum_exp_d = moved_sum_exp_d(sum_exp_d, sum_exp, f, delta) +
+                moved_sum_exp_d(o.sum_exp_d, o.sum_exp, fo, delta_o);
     sum_exp = sum_exp * f + o.sum_exp * fo;
-    sum_exp_s = drop_or_scale(sum_exp_s, f) + drop_or_scale(o.sum_exp_s, fo);
     sum_cs += o.sum_cs;
     if (o.max > max) argmax = o.argmax;
     else if (o.max == max) argmax = min_index(argmax, o.argmax);
@@ -167,7 +173,7 @@ inline __device__ State warp_merge(State st, int lanes = 32) {
     State o;
     o.max = __shfl_xor_sync(0xffffffffu, st.max, width);
     o.sum_exp = __shfl_xor_sync(0xffffffffu, st.sum_exp, width);
-    o.sum_exp_s = __shfl_xor_sync(0xffffffffu, st.sum_exp_s, width);
+    o.sum_exp_d = __shfl_xor_sync(0xffffffffu, st.sum_exp_d, width);
     o.sum_cs = __shfl_xor_sync(0xffffffffu, st.sum_cs, width);
     o.argmax = __shfl_xor_sync(0xffffffffu, st.argmax, width);
     o.first_nan = __shfl_xor_sync(0xffffffffu, st.first_nan, width);
@@ -177,7 +183,7 @@ inline __device__ State warp_merge(State st, int lanes = 32) {
     State a, b;
     a.max = lower ? st.max : o.max, b.max = lower ? o.max : st.max;
     a.sum_exp = lower ? st.sum_exp : o.sum_exp, b.sum_exp = lower ? o.sum_exp : st.sum_exp;
-    a.sum_exp_s = lower ? st.sum_exp_s : o.sum_exp_s, b.sum_exp_s = lower ? o.sum_exp_s : st.sum_exp_s;
+    a.sum_exp_d = lower ? st.sum_exp_d : o.sum_exp_d, b.sum_exp_d = lower ? o.sum_exp_d : st.sum_exp_d;
     a.sum_cs = lower ? st.sum_cs : o.sum_cs, b.sum_cs = lower ? o.sum_cs : st.sum_cs;
     a.argmax = lower ? st.argmax : o.argmax, b.argmax = lower ? o.argmax : st.argmax;
     a.first_nan = lower ? st.first_nan : o.first_nan;

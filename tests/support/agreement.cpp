@@ -1,5 +1,9 @@
 #include "support/agreement.h"
 
+#include <algorithm>
+#include <cmath>
+#include <random>
+
 #include <gtest/gtest.h>
 
 namespace flce_test {
@@ -82,6 +86,67 @@ Precision float32_precision(const DenseProblem& d, const Storage& st) {
   const bool cast = d.options.grad_logits_dtype == flce::GradLogitsDtype::storage;
   p.u_grad = cast && st.inputs != flce::Dtype::f32 ? unit_roundoff(st.inputs) : 0.0;
   return p;
+}
+
+void offset_pair(DenseProblem* d, DenseProblem* moved, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  auto integer = [&](int lo, int hi) { return double(std::uniform_int_distribution<int>(lo, hi)(rng)); };
+  if (d->logits_entry) {
+    for (double& s : d->logits) s = integer(-64, 64) / 8;
+  } else {
+    ASSERT_FALSE(d->bias.empty()) << "offset_pair: a head needs a bias to carry the offset";
+    ASSERT_LE(d->h, 64) << "offset_pair: |x . W| <= 32 needs H <= 64";
+    for (double& v : d->x) v = integer(-1, 1) / 8;
+    for (double& v : d->w) v = integer(-4, 4);
+    for (double& b : d->bias) b = 0;
+  }
+  *moved = *d;
+  for (double& s : d->logits_entry ? moved->logits : moved->bias) s += 0x1p20;
+}
+
+namespace {
+
+// Row i's bound on the entropy's move from exponentials rounded at the
+// offset (expect_entropy_ignores_offset), from the exact scores.
+double rounded_exp_bound(const BruteForce& x, int64_t v, int64_t i) {
+  const double u = 0x1p-24;
+  const double* s = &x.s[size_t(i * v)];
+  const double* p = &x.p[size_t(i * v)];
+  double m = s[0];
+  for (int64_t j = 1; j < v; ++j) m = std::max(m, s[j]);
+  double sbar_d = 0, mean_abs_d = 0;
+  for (int64_t j = 0; j < v; ++j) sbar_d += p[j] * (s[j] - m), mean_abs_d += p[j] * (m - s[j]);
+  double from_exps = 0;
+  for (int64_t j = 0; j < v; ++j) {
+    const double d = s[j] - m;
+    from_exps += p[j] * (kFunctionUlps * u + 2 * u * std::fabs(d)) * (1 + std::fabs(d - sbar_d));
+  }
+  return 2 * (from_exps + gamma(double(v), u) * (1 + 2 * mean_abs_d));
+}
+
+}  // namespace
+
+void expect_entropy_ignores_offset(const DenseProblem& d, const DenseProblem& moved,
+                                   const Storage& st, const flce::RunConfig& config,
+                                   ExpArguments exps) {
+  const BruteForce exact = brute_force(d);
+  for (flce::Pass pass : {flce::Pass::forward, flce::Pass::loss_and_grad}) {
+    SCOPED_TRACE(flce::pass_name(pass));
+    Request rq;
+    rq.pass = pass;
+    rq.config = config;
+    const Outputs a = run_library(d, st, rq), b = run_library(moved, st, rq);
+    ASSERT_TRUE(a.status.ok()) << a.status.error;
+    ASSERT_TRUE(b.status.ok()) << b.status.error;
+    ASSERT_EQ(a.entropy.size(), size_t(d.n));
+    const double u = 0x1p-53, u_out = st.outputs == flce::Dtype::f32 ? 0x1p-24 : u;
+    for (int64_t i = 0; i < d.n; ++i) {
+      const double h = a.entropy[size_t(i)];
+      double tol = 4 * u * std::fabs(b.lse[size_t(i)]) + 2 * u_out * std::fabs(h);
+      if (exps == ExpArguments::rounded_at_the_offset) tol += rounded_exp_bound(exact, d.v, i);
+      EXPECT_NEAR(b.entropy[size_t(i)], h, tol) << "row " << i << " (entropy " << h << ")";
+    }
+  }
 }
 
 }  // namespace flce_test

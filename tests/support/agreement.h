@@ -46,4 +46,33 @@ Precision float32_precision(const DenseProblem& d, const Storage& st);
 // Every output of a and b bit for bit (NaN equals NaN).
 void expect_identical_outputs(const Outputs& a, const Outputs& b);
 
+// Logits moved by a common offset that keeps every difference to the row's
+// max exact: sets *d's logits on a grid of 1/8 within 8 of 0, or for a head
+// (with a bias, H <= 64) x in {0, +-1/8}, W in {-4, ..., 4} and b = 0, so
+// that every product and sum is exact; *moved is the same problem with 2^20
+// added to every logit (to the bias for a head). Differences of two such
+// logits are exact in float32 (Sterbenz), so a backend that forms the
+// entropy from differences to the max, as the oracle does, sums the same
+// terms for both. (From unshifted scores, lse - sum_j p_j s_j, the entropy
+// moves by about u_f32 2^20 = 0.06.)
+void offset_pair(DenseProblem* d, DenseProblem* moved, uint64_t seed);
+
+// How a backend's exponentials see the offset: the same f32 arguments
+// e^(s - max) (the cpu kernels subtract first: exact here), or arguments
+// rounded at the offset's size (the cuda kernels' s log2(e) less the max's
+// in one FMA), which moves each e_j by up to 2 u |s_j - max| relative.
+enum class ExpArguments { exact_differences, rounded_at_the_offset };
+
+// The entropies `config`'s backend gives d and moved, forward and in a
+// step, agree to what the offset leaves: in double, lse's own rounding (u
+// |lse| in its sum and in its difference to the max, 4 u |lse| with the
+// merge's) and the entropy's rounding; with rounded_at_the_offset also,
+// in each call, e_j's relative error delta_j <= kappa u + 2 u |d_j| (float32
+// u; d_j = s_j - max) moving the entropy by sum_j p_j delta_j (1 + |d_j -
+// sbar_d|), and the float32 sums, no longer of the same terms: gamma_V (1 +
+// 2 sum_j p_j |d_j|).
+void expect_entropy_ignores_offset(const DenseProblem& d, const DenseProblem& moved,
+                                   const Storage& st, const flce::RunConfig& config,
+                                   ExpArguments exps = ExpArguments::exact_differences);
+
 }  // namespace flce_test

@@ -114,7 +114,7 @@ struct States {
 
   // One row's running state over the chunk (columns relative to its start).
   struct Row {
-    float max = -kInf, sum_exp = 0, sum_exp_s = 0, sum_cs = 0;
+    float max = -kInf, sum_exp = 0, sum_exp_d = 0, sum_cs = 0;
     int arg_c = -1, nan_c = -1;
     int64_t i = 0, y = -1;
   };
@@ -246,13 +246,15 @@ struct States {
     __device__ void fold(Row& row, const float (&d)[128], int h, int64_t n0, int limit,
                          float group_max) {
       if (group_max > row.max) {
-        const float f = row.max == -kInf ? 0.0f : exp_of(shift_of(row.max) - shift_of(group_max));
+        const float delta = shift_of(row.max) - shift_of(group_max);
+        const float f = row.max == -kInf ? 0.0f : exp_of(delta);
+        if (kSbar) row.sum_exp_d = moved_sum_exp_d(row.sum_exp_d, row.sum_exp, f, delta);
         row.sum_exp *= f;
-        if (kSbar) row.sum_exp_s = drop_or_scale(row.sum_exp_s, f);
         row.max = group_max;
         row.arg_c = -1;
       }
-      const ExpOffset offset = exp_offset(shift_of(row.max));
+      const float shift = shift_of(row.max);
+      const ExpOffset offset = exp_offset(shift);
 #pragma unroll
       for (int r = 2 * h; r < 128; r += 4) {
 #pragma unroll
@@ -260,7 +262,7 @@ struct States {
           const float s = d[r + k];
           const float e_s = exp_at(s, offset);
           row.sum_exp += e_s;
-          if (kSbar) row.sum_exp_s += e_s == 0 ? 0.0f : e_s * s;
+          if (kSbar) row.sum_exp_d += e_s == 0 ? 0.0f : e_s * (s - shift);
           if (kSumCs) {
             const int col = column_of(r + k, quad);
             if (col < limit) {
@@ -303,14 +305,14 @@ struct States {
       for (int h = 0; h < 2; ++h) {
         const Row& row = rows[h];
         State st;
-        st.max = row.max, st.sum_exp = row.sum_exp, st.sum_exp_s = row.sum_exp_s;
+        st.max = row.max, st.sum_exp = row.sum_exp, st.sum_exp_d = row.sum_exp_d;
         st.sum_cs = row.sum_cs;
         st.argmax = row.arg_c < 0 ? -1 : c_begin + row.arg_c;
         st.first_nan = row.nan_c < 0 ? -1 : c_begin + row.nan_c;
         st = warp_merge(st, 4);
         if (quad == 0 && row.i < row_end)
           states[(row.i - state_r0) * tiles + t] =
-              TileState{st.max, st.sum_exp, st.sum_exp_s, st.sum_cs, st.argmax, st.first_nan};
+              TileState{st.max, st.sum_exp, st.sum_exp_d, st.sum_cs, st.argmax, st.first_nan};
       }
       if (stash_tma) finish_staged_stores();
     }
