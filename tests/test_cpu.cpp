@@ -783,9 +783,12 @@ TEST_F(CpuVocabOuter, AgreesAcrossSuperBlocksAndChunks) {
                            .label_smoothing(0.1).ignore_rows({3, cut.n - 1}).with_grad_entropy();
         check(c.problem(), c.storage(), Pass::loss_and_grad);
         // A backward without an entropy cotangent takes the statistics it
-        // needs from the saved lse (Plan::stats_from_inputs).
+        // needs from the saved lse (Plan::stats_from_inputs), with every
+        // per-row term of G.
         const Case plain = head(cut.n, kCutH, kCutV, 2).layout(layout).stored_as(dtype).softcap(4)
-                               .ignore_rows({3}).with_grad_lse();
+                               .ignore_rows({3}).with_grad_lse().with_bias().label_smoothing(0.1)
+                               .with_class_weights().with_token_weights().z_loss(1e-3)
+                               .reduction(Reduction::none).with_grad_loss();
         check(plain.problem(), plain.storage(), Pass::backward);
         if (layout == WeightLayout::hv) continue;
         check(c.problem(), c.storage(), Pass::backward);
