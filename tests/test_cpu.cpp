@@ -1420,6 +1420,116 @@ TEST(CpuFilter, SameBitsForAnyThreadCount) {
   }
 }
 
+// Calls that ask for part of what the backend can write, on each of its
+// plans (cpu::Plan): rows outer with the vocabulary and the hidden split of
+// grad_x, vocabulary outer in super-blocks, stashed scores, the gradient
+// filter. What a call asks for changes what the plan runs (softmax_extras,
+// which gradient GEMMs, copies and accumulators), so each subset is judged
+// against the oracle as the whole call is.
+struct PlanCase {
+  const char* name;
+  const char* grad_order;  // FLCE_CPU_GRAD_ORDER, or null for the default
+  Case c;
+};
+
+std::vector<PlanCase> plan_cases() {
+  return {
+      {"rows outer, vocabulary split", nullptr,
+       head(70, 20, 2 * kTile + 17).with_bias().softcap(3).z_loss(0.01)},
+      {"rows outer, hidden split, hv", nullptr,
+       head(40, 300, kTile + 9).layout(WeightLayout::hv).with_bias().label_smoothing(0.1)
+           .with_class_weights()},
+      {"vocabulary outer", "vocab:100x2",
+       head(250, 24, 2 * kTile + 428).with_bias().softcap(4).ignore_rows({3})},
+      {"stashed scores", "vocab:32x2",
+       head(70, kStashH, kStashV).gradients_as(Dtype::f64).with_bias().label_smoothing(0.1)},
+      {"filter", nullptr, peaky(Dtype::f16, 3).with_bias().label_smoothing(0.1)},
+  };
+}
+
+class CpuPlanSubsets : public CpuVocabOuter {
+ protected:
+  static void use(const PlanCase& pc) {
+    if (pc.grad_order) setenv("FLCE_CPU_GRAD_ORDER", pc.grad_order, 1);
+    else unsetenv("FLCE_CPU_GRAD_ORDER");
+  }
+  // The policy, with the filter's license where the case filters.
+  static Precision policy(const Case& c) {
+    const DenseProblem d = c.problem();
+    Precision p = cpu_precision(d, c.storage());
+    if (d.options.filter_eps != 0) p.filter_eps = flce::filter_eps_for(d.options, c.storage().inputs);
+    return p;
+  }
+};
+
+TEST_F(CpuPlanSubsets, LossAndLseAloneOrEveryRowOutputButTheArgmax) {
+  for (const PlanCase& pc : plan_cases()) {
+    if (std::string(pc.name) == "filter") continue;  // slow, and its smoothing keeps the sums on
+    use(pc);
+    // (A backward writes no per-row output: its subsets are the step's.)
+    for (RowOutputs rows : {RowOutputs::none, RowOutputs::all_but_argmax})
+      for (Pass pass : {Pass::forward, Pass::loss_and_grad}) {
+        SCOPED_TRACE(std::string(pc.name) + (rows == RowOutputs::none ? ", loss and lse" : ", no argmax") +
+                     ", " + flce::pass_name(pass));
+        expect_agreement(pc.c.problem(), pc.c.storage(), pass, cpu(), policy(pc.c), false,
+                         WeightGradients::elementwise, rows);
+      }
+  }
+}
+
+// A frozen head (grad_x alone), a frozen trunk (grad_W and grad_b), and
+// the two other pairs: no cpu test asked for fewer than all three before.
+TEST_F(CpuPlanSubsets, EachGradientAloneOrInPairs) {
+  const GradientSet subsets[] = {{true, false, false}, {false, true, false},
+                                 {false, true, true}, {true, false, true}};
+  for (const PlanCase& pc : plan_cases()) {
+    use(pc);
+    for (const GradientSet& g : subsets)
+      for (Pass pass : {Pass::loss_and_grad, Pass::backward}) {
+        if (pass == Pass::backward && g.x) continue;  // one backward a plan: the frozen trunk's
+        SCOPED_TRACE(std::string(pc.name) + ", grad_x " + std::to_string(g.x) + " grad_w " +
+                     std::to_string(g.w) + " grad_bias " + std::to_string(g.bias) + ", " +
+                     flce::pass_name(pass));
+        expect_agreement(pc.c.problem(), pc.c.storage(), pass, cpu(), policy(pc.c), false,
+                         WeightGradients::elementwise, RowOutputs::all, Views::contiguous, g);
+      }
+  }
+}
+
+// A caller's workspace full of stale bytes (NaN as f32) gives the bits of
+// the backend's own: no piece of any plan is read before it is written.
+// (The backend's own comes from aligned_alloc, often zero-filled pages,
+// which would hide such a read.)
+TEST_F(CpuPlanSubsets, AStaleCallerWorkspaceGivesTheBitsOfTheBackendsOwn) {
+  std::vector<PlanCase> cases = plan_cases();
+  cases.push_back({"logits", nullptr, logits(30, 2 * kTile + 5).label_smoothing(0.1).with_grad_entropy()});
+  std::vector<unsigned char> stale(size_t(96) << 20);
+  for (const PlanCase& pc : cases) {
+    use(pc);
+    for (Pass pass : {Pass::forward, Pass::backward, Pass::loss_and_grad}) {
+      SCOPED_TRACE(std::string(pc.name) + ", " + flce::pass_name(pass));
+      const DenseProblem d = pc.c.problem();
+      Request own;
+      own.pass = pass;
+      own.config = cpu(2);
+      if (pass == Pass::backward) {
+        Request fwd = own;
+        fwd.pass = Pass::forward;
+        own.saved_lse = run_library(d, pc.c.storage(), fwd).lse;
+      }
+      const Outputs want = run_library(d, pc.c.storage(), own);
+      ASSERT_TRUE(want.status.ok()) << want.status.error;
+      std::fill(stale.begin(), stale.end(), 0xFF);
+      Request theirs = own;
+      theirs.config.workspace = stale.data();
+      theirs.config.workspace_bytes = stale.size();
+      const Outputs got = run_library(d, pc.c.storage(), theirs);
+      ASSERT_TRUE(got.status.ok()) << got.status.error;
+      expect_identical_outputs(got, want);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace flce_test
 

@@ -31,12 +31,13 @@ enum class RowOutputs {
 // lse it reads, adding that storage's roundoff to the policy) and checks
 // every output written against the brute force under `precision`. Expects
 // the backend `config.backend` to have run. `rows` says which per-row
-// outputs the call asks for; `views` lays the arrays out (random_problem.h).
+// outputs the call asks for, `grads` which of a head's gradients; `views`
+// lays the arrays out (random_problem.h).
 void expect_agreement(const DenseProblem& d, const Storage& st, flce::Pass pass,
                       const flce::RunConfig& config, Precision precision, bool in_place = false,
                       WeightGradients judge = WeightGradients::elementwise,
                       RowOutputs rows = RowOutputs::all,
-                      Views views = Views::contiguous);
+                      Views views = Views::contiguous, GradientSet grads = {});
 
 // The policy for a float32 backend (cpu, cuda): f32 accumulation and logits,
 // outputs rounded to their storage, dlogits cast to the storage dtype when

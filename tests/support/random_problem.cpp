@@ -375,9 +375,10 @@ Outputs run_library(const DenseProblem& d, const Storage& st, const Request& rq)
     if (rq.gradients && d.logits_entry && !rq.in_place) {
       grad_logits = HostArray(st.gradients, 2, d.n, d.v);
     } else if (rq.gradients && !d.logits_entry) {
-      grad_x = HostArray(st.gradients, 2, d.n, d.h);
-      grad_w = HostArray(st.gradients, 2, vh ? d.v : d.h, vh ? d.h : d.v);
-      if (!d.bias.empty()) grad_bias = HostArray(st.gradients, 1, d.v, 1);
+      const GradientSet& g = rq.head_gradients;
+      if (g.x) grad_x = HostArray(st.gradients, 2, d.n, d.h);
+      if (g.w) grad_w = HostArray(st.gradients, 2, vh ? d.v : d.h, vh ? d.h : d.v);
+      if (g.bias && !d.bias.empty()) grad_bias = HostArray(st.gradients, 1, d.v, 1);
     }
   }
 

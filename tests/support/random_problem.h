@@ -104,6 +104,12 @@ enum class Views {
 // from values they hold, so that Views::overlapping_rows can store them.
 void make_hankel_inputs(DenseProblem* d);
 
+// Which of a head's gradients a call asks for (all by default; a frozen
+// head asks grad_x alone, a frozen trunk grad_w and grad_bias).
+struct GradientSet {
+  bool x = true, w = true, bias = true;
+};
+
 struct Request {
   flce::Pass pass = flce::Pass::loss_and_grad;
   Views views = Views::contiguous;
@@ -113,6 +119,7 @@ struct Request {
   bool per_row_outputs = true;    // logprob, argmax, entropy, zloss
   bool argmax = true;             // with per_row_outputs: argmax too
   bool gradients = true;          // grad_x, grad_w, grad_bias / grad_logits
+  GradientSet head_gradients;     // with gradients, of a head: which ones
   int device = 0;                 // backend "cuda": the GPU that holds the copies
   bool call_on_new_thread = false;  // the library call (not the copies) on a thread of its own
 };
