@@ -94,7 +94,9 @@ struct StoreF32 {
 // e^(s - k) >= e^-2k stays normal for k <= kFixedShiftMaxK (2 k log2(e) <=
 // 115.4 < 126), and the exponents' rounding grows by at most 2 u k, which
 // the tolerance policy counts (tests/support/tolerance.h, section 2). An
-// argmax needs the true max, so it keeps the running one.
+// argmax needs the true max, so it keeps the running one; so do the
+// entropy's sums of e^d d, whose d = s - k could be 2k where s - max is
+// near 0, beyond the differences to the max the policy bounds.
 constexpr float kFixedShiftMaxK = 40.0f;
 
 // Softmax states (gemm_states). The flags compile out what a call does not
@@ -137,7 +139,8 @@ struct States {
         : q(e.g, 0), info(e.g.rows), states(e.states), stash(e.stash), state_r0(e.state_r0),
           tiles(e.tiles), t(e.t0 + chunk), c_begin(c_begin), row_end(grid.row_end),
           quad(threadIdx.x % 4), stash_tma(kStash && e.stash_tma),
-          fixed_shift(kSoftcap && !kArgmax && q.k <= kFixedShiftMaxK), stash_map(&e.stash_map),
+          fixed_shift(kSoftcap && !kArgmax && !kSbar && q.k <= kFixedShiftMaxK),
+          stash_map(&e.stash_map),
           staging(staging) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
