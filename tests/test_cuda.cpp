@@ -1168,10 +1168,11 @@ TEST_F(CudaGpu, FusedStashedScoresFarBelowTheMaxReadAsMinusInfinity) {
 
 // A vocabulary mask at the lowest finite float (-FLT_MAX, or bf16's
 // -0x1.fep127) over whole tiles, or a fused tile's first subtiles: a running
-// f32 sum of e^(s - max) s there is -inf, rescaled by 0 when a larger max
-// arrives, and 0 * inf made every entropy and, with an entropy cotangent,
-// every gradient NaN (the oracle's are finite). In the generic kernels
-// (logits; an f32 head) and the fused ones (a bf16 head).
+// f32 sum of e^(s - max) s there (the entropy's sum until it became e^(s -
+// max) (s - max)) was -inf, rescaled by 0 when a larger max arrived, and 0 *
+// inf made every entropy and, with an entropy cotangent, every gradient NaN
+// (the oracle's are finite). In the generic kernels (logits; an f32 head)
+// and the fused ones (a bf16 head).
 TEST_F(CudaGpu, AVocabularyMaskAtTheLowestFloatKeepsTheEntropyFinite) {
   struct Masked {
     Case c;

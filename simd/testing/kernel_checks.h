@@ -578,11 +578,11 @@ inline std::vector<NamedState> incoming_states(float m, int64_t j0, int64_t n) {
   softmax_state_init(&fresh);
   out.push_back({"fresh", fresh});
   out.push_back({"below", {anchor - 3.0f, 2.5f, -1.25f, 4.0f, j0 - 5, -1}});
-  out.push_back({"above", {anchor + 3.0f, 1.5f, 7.0f, -2.0f, j0 - 9, -1}});
-  out.push_back({"far_below", {anchor - 200.0f, 3.0f, 1.0f, 0.5f, j0 - 4, -1}});
+  out.push_back({"above", {anchor + 3.0f, 1.5f, -0.7f, -2.0f, j0 - 9, -1}});
+  out.push_back({"far_below", {anchor - 200.0f, 3.0f, -1.0f, 0.5f, j0 - 4, -1}});
   if (std::isfinite(m)) {
-    out.push_back({"tie_before", {m, 1.0f, 0.5f, 1.0f, j0 - 1, -1}});
-    out.push_back({"tie_after", {m, 1.0f, 0.5f, 1.0f, j0 + n + 10, -1}});
+    out.push_back({"tie_before", {m, 1.0f, -0.5f, 1.0f, j0 - 1, -1}});
+    out.push_back({"tie_after", {m, 1.0f, -0.5f, 1.0f, j0 + n + 10, -1}});
   }
   out.push_back({"ninf_seen", {-kInf, 0.0f, 0.0f, -kInf, j0 - 2, -1}});
   out.push_back({"nan_seen", {anchor - 1.0f, kNaN, kNaN, kNaN, j0 - 8, j0 - 7}});

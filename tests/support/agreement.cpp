@@ -110,16 +110,24 @@ void offset_pair(DenseProblem* d, DenseProblem* moved, uint64_t seed) {
 
 namespace {
 
+// Row i's sum_j p_j (s_j - max), from the exact scores.
+double mean_score_d(const BruteForce& x, int64_t v, int64_t i) {
+  const double* s = &x.s[size_t(i * v)];
+  const double* p = &x.p[size_t(i * v)];
+  const double m = *std::max_element(s, s + v);
+  double sbar_d = 0;
+  for (int64_t j = 0; j < v; ++j) sbar_d += p[j] * (s[j] - m);
+  return sbar_d;
+}
+
 // Row i's bound on the entropy's move from exponentials rounded at the
 // offset (expect_entropy_ignores_offset), from the exact scores.
 double rounded_exp_bound(const BruteForce& x, int64_t v, int64_t i) {
   const double u = 0x1p-24;
   const double* s = &x.s[size_t(i * v)];
   const double* p = &x.p[size_t(i * v)];
-  double m = s[0];
-  for (int64_t j = 1; j < v; ++j) m = std::max(m, s[j]);
-  double sbar_d = 0, mean_abs_d = 0;
-  for (int64_t j = 0; j < v; ++j) sbar_d += p[j] * (s[j] - m), mean_abs_d += p[j] * (m - s[j]);
+  const double m = *std::max_element(s, s + v);
+  const double sbar_d = mean_score_d(x, v, i), mean_abs_d = -sbar_d;
   double from_exps = 0;
   for (int64_t j = 0; j < v; ++j) {
     const double d = s[j] - m;
@@ -134,6 +142,7 @@ void expect_entropy_ignores_offset(const DenseProblem& d, const DenseProblem& mo
                                    const Storage& st, const flce::RunConfig& config,
                                    ExpArguments exps) {
   const BruteForce exact = brute_force(d);
+  const Bounds policy = error_bounds(d, exact, float32_precision(d, st));
   for (flce::Pass pass : {flce::Pass::forward, flce::Pass::loss_and_grad}) {
     SCOPED_TRACE(flce::pass_name(pass));
     Request rq;
@@ -143,10 +152,12 @@ void expect_entropy_ignores_offset(const DenseProblem& d, const DenseProblem& mo
     ASSERT_TRUE(a.status.ok()) << a.status.error;
     ASSERT_TRUE(b.status.ok()) << b.status.error;
     ASSERT_EQ(a.entropy.size(), size_t(d.n));
+    EXPECT_TRUE(within_bounds("entropy", a.entropy, exact.entropy, policy.entropy));
     const double u = 0x1p-53, u_out = st.outputs == flce::Dtype::f32 ? 0x1p-24 : u;
     for (int64_t i = 0; i < d.n; ++i) {
       const double h = a.entropy[size_t(i)];
-      double tol = 4 * u * std::fabs(b.lse[size_t(i)]) + 2 * u_out * std::fabs(h);
+      const double sbar_d = mean_score_d(exact, d.v, i);
+      double tol = 4 * u * std::fabs(b.lse[size_t(i)]) * (1 + std::fabs(sbar_d)) + 2 * u_out * std::fabs(h);
       if (exps == ExpArguments::rounded_at_the_offset) tol += rounded_exp_bound(exact, d.v, i);
       EXPECT_NEAR(b.entropy[size_t(i)], h, tol) << "row " << i << " (entropy " << h << ")";
     }

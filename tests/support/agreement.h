@@ -66,12 +66,16 @@ enum class ExpArguments { exact_differences, rounded_at_the_offset };
 
 // The entropies `config`'s backend gives d and moved, forward and in a
 // step, agree to what the offset leaves: in double, lse's own rounding (u
-// |lse| in its sum and in its difference to the max, 4 u |lse| with the
-// merge's) and the entropy's rounding; with rounded_at_the_offset also,
+// |lse| in its sum and in its difference to the max, in either call) moves
+// lse - max by as much and every tile's weight e^(max_t - lse) by as much
+// relative, so the entropy by 4 u |lse| (1 + |sbar_d|), sbar_d = sum_j p_j
+// (s_j - max); then the entropy's own rounding. With rounded_at_the_offset also,
 // in each call, e_j's relative error delta_j <= kappa u + 2 u |d_j| (float32
 // u; d_j = s_j - max) moving the entropy by sum_j p_j delta_j (1 + |d_j -
 // sbar_d|), and the float32 sums, no longer of the same terms: gamma_V (1 +
-// 2 sum_j p_j |d_j|).
+// 2 sum_j p_j |d_j|). The unmoved entropies are also judged against the
+// oracle by the float32 policy (a mistake both calls share would pass the
+// comparison of the two).
 void expect_entropy_ignores_offset(const DenseProblem& d, const DenseProblem& moved,
                                    const Storage& st, const flce::RunConfig& config,
                                    ExpArguments exps = ExpArguments::exact_differences);
