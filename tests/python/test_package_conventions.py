@@ -117,6 +117,18 @@ def test_per_token_scaling_divided_by_the_row_count():
     assert abs(weighted_mean - float(scaled)) > 1e-6, (weighted_mean, float(scaled))
 
 
+def test_gemma2_softcap_after_the_bias():
+    """Gemma-2's final logit softcapping, as Liger and Cut Cross-Entropy
+    apply it: k tanh(logits / k) on the logits with their bias, then the
+    cross-entropy. flce's `softcap = k` with `logit_scale = 1`."""
+    x, w, b, y, _ = head(seed=5)
+    k = 2.5
+    xt, wt, bt = leaves(x, w, b)
+    loss = F.cross_entropy(k * torch.tanh(F.linear(xt, wt, bt) / k), y, ignore_index=IGNORE)
+    grads = torch.autograd.grad(loss, [xt, wt, bt])
+    expect_same_step(oracle_step(x, w, b, y, softcap=k), loss, grads)
+
+
 def test_a_bias_added_after_the_logit_scale():
     """flce scales the bias with the logits, z = a (x . W + b); a head that
     adds its bias after the scale, a (x . W) + b, is flce's bias b / a."""
