@@ -84,7 +84,9 @@ void micro_tile(int64_t kp, const uint16_t* ap, const uint16_t* bp, float* c, in
     for (int v = 0; v < NV; ++v) b[v] = _mm512_load_si512(bp + 32 * v);
 #pragma GCC unroll 8
     for (int i = 0; i < kMR; ++i) {
-      const __m512i a = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(ap + 2 * i));
+      int32_t pair;  // row i's two bf16 of this k pair, copied: no int32_t view of uint16_t
+      __builtin_memcpy(&pair, ap + 2 * i, sizeof pair);
+      const __m512i a = _mm512_set1_epi32(pair);
 #pragma GCC unroll 3
       for (int v = 0; v < NV; ++v) acc[i][v] = dot_pairs(acc[i][v], a, b[v]);
     }
