@@ -87,13 +87,16 @@ inline __m512 exp_full(__m512 x) {
   using namespace vmath;
   x = _mm512_max_ps(splat(kExpLo), x);  // maxps returns the 2nd operand on NaN
   x = _mm512_min_ps(splat(kExpHi), x);
-  const __m512 rounded = exp16_round(x);
+  // The low lanes' y, replaced below, from -kExpFast instead, so that it is
+  // normal too (x itself made it subnormal or 0).
+  const __m512 xf = _mm512_max_ps(splat(-kExpFast), x);
+  const __m512 rounded = exp16_round(xf);
   const __m512 t = _mm512_castsi512_ps(
       _mm512_permutexvar_epi32(_mm512_castps_si512(rounded), exp2_sixteenths(false)));
   const __m512 q = _mm512_roundscale_ps(
       _mm512_mul_ps(_mm512_sub_ps(rounded, splat(kRound)), splat(1.0f / 16)),
       _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  const __m512 y = _mm512_scalef_ps(_mm512_fmadd_ps(t, exp16_expm1(x, rounded), t), q);
+  const __m512 y = _mm512_scalef_ps(_mm512_fmadd_ps(t, exp16_expm1(xf, rounded), t), q);
   const __mmask16 low = _mm512_cmp_ps_mask(x, splat(-kExpFast), _CMP_LT_OQ);  // not NaN
   if (low == 0) return y;
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, splat(kLog2e)),
