@@ -1453,7 +1453,9 @@ class CpuPlanSubsets : public CpuVocabOuter {
     if (pc.grad_order) setenv("FLCE_CPU_GRAD_ORDER", pc.grad_order, 1);
     else unsetenv("FLCE_CPU_GRAD_ORDER");
     // (with grad_W: stashing needs its memory)
-    if (std::string(pc.name) == "stashed scores") EXPECT_TRUE(stashes(70, Dtype::f64));
+    if (std::string(pc.name) == "stashed scores") {
+      EXPECT_TRUE(stashes(70, Dtype::f64));
+    }
   }
   // The policy, with the filter's license where the case filters.
   static Precision policy(const Case& c) {
