@@ -626,6 +626,22 @@ Outputs run_cpu(const Case& c, int threads, Pass pass = Pass::loss_and_grad,
   return out;
 }
 
+// A caller's workspace may arrive dirty: `bytes` of 0xFF (NaN as f32) must
+// give the call `own` the bits of the backend's own workspace, so no piece
+// is read before it is written. (The backend's own comes from
+// aligned_alloc, often zero-filled pages, which would hide such a read.)
+void expect_stale_workspace_changes_no_bit(const Case& c, const Request& own, size_t bytes) {
+  const Outputs want = run_library(c.problem(), c.storage(), own);
+  ASSERT_TRUE(want.status.ok()) << want.status.error;
+  std::vector<unsigned char> stale(bytes, 0xFF);
+  Request theirs = own;
+  theirs.config.workspace = stale.data();
+  theirs.config.workspace_bytes = stale.size();
+  const Outputs got = run_library(c.problem(), c.storage(), theirs);
+  ASSERT_TRUE(got.status.ok()) << got.status.error;
+  expect_identical_outputs(got, want);
+}
+
 // With bf16 gradient GEMMs G is rounded to bf16 once, by the conversion;
 // where the f32 G is also read (here the filter, with an eps that keeps
 // every block) it is rounded in f32 first. The two must give the same bits.
@@ -1084,24 +1100,16 @@ TEST_F(CpuGradXSplit, ByTileAgreesWithTheOracle) {
   }
 }
 
-// A caller's workspace may arrive dirty. Filled with NaN bytes, it must
-// give the bits of the backend's own: no piece is read before it is
-// written, the grad_x parts that own no tile included (two tiles, four
-// parts).
+// A dirty caller workspace (expect_stale_workspace_changes_no_bit), the
+// grad_x parts that own no tile included (two tiles, four parts).
 TEST_F(CpuGradXSplit, ByTileDirtyCallerWorkspaceSameBits) {
   if (!bf16_gemm_here()) GTEST_SKIP() << "the default GEMM engine has no bf16 here: no bf16 G to split";
   setenv("FLCE_CPU_GRAD_X_SPLIT", "tile", 1);
   const Case c = head(kSplitN, kSplitH, kTile + 100).stored_as(Dtype::bf16).with_bias()
                      .grad_logits(GradLogitsDtype::storage);
-  const Outputs own = run_cpu(c, 2);
-  std::vector<unsigned char> dirty(size_t(16) << 20, 0xFF);
-  Request rq;
-  rq.config = cpu(2);
-  rq.config.workspace = dirty.data();
-  rq.config.workspace_bytes = dirty.size();
-  const Outputs out = run_library(c.problem(), c.storage(), rq);
-  ASSERT_TRUE(out.status.ok()) << out.status.error;
-  expect_identical_outputs(out, own);
+  Request own;
+  own.config = cpu(2);
+  expect_stale_workspace_changes_no_bit(c, own, size_t(16) << 20);
 }
 
 TEST_F(CpuGradXSplit, ByTileSameBitsForAnyThreadCount) {
@@ -1501,36 +1509,24 @@ TEST_F(CpuPlanSubsets, EachGradientAloneOrInPairs) {
   }
 }
 
-// A caller's workspace full of stale bytes (NaN as f32) gives the bits of
-// the backend's own: no piece of any plan is read before it is written.
-// (The backend's own comes from aligned_alloc, often zero-filled pages,
-// which would hide such a read.)
+// A dirty caller workspace (expect_stale_workspace_changes_no_bit) on
+// every plan and pass.
 TEST_F(CpuPlanSubsets, AStaleCallerWorkspaceGivesTheBitsOfTheBackendsOwn) {
   std::vector<PlanCase> cases = plan_cases();
   cases.push_back({"logits", nullptr, logits(30, 2 * kTile + 5).label_smoothing(0.1).with_grad_entropy()});
-  std::vector<unsigned char> stale(size_t(96) << 20);
   for (const PlanCase& pc : cases) {
     use(pc);
     for (Pass pass : {Pass::forward, Pass::backward, Pass::loss_and_grad}) {
       SCOPED_TRACE(std::string(pc.name) + ", " + flce::pass_name(pass));
-      const DenseProblem d = pc.c.problem();
       Request own;
       own.pass = pass;
       own.config = cpu(2);
       if (pass == Pass::backward) {
         Request fwd = own;
         fwd.pass = Pass::forward;
-        own.saved_lse = run_library(d, pc.c.storage(), fwd).lse;
+        own.saved_lse = run_library(pc.c.problem(), pc.c.storage(), fwd).lse;
       }
-      const Outputs want = run_library(d, pc.c.storage(), own);
-      ASSERT_TRUE(want.status.ok()) << want.status.error;
-      std::fill(stale.begin(), stale.end(), 0xFF);
-      Request theirs = own;
-      theirs.config.workspace = stale.data();
-      theirs.config.workspace_bytes = stale.size();
-      const Outputs got = run_library(d, pc.c.storage(), theirs);
-      ASSERT_TRUE(got.status.ok()) << got.status.error;
-      expect_identical_outputs(got, want);
+      expect_stale_workspace_changes_no_bit(pc.c, own, size_t(96) << 20);
     }
   }
 }
