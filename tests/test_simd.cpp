@@ -161,6 +161,7 @@ TEST_P(SimdKernels, GemmTnBf16Sweep) {
     GTEST_SKIP() << GetParam() << " has no gemm_tn_bf16 on this CPU: the GEMM engine runs bf16 grad_W";
   Report r;
   testing::check_gemm_tn<testing::Bf16Elements>(ks->gemm_tn_bf16, r);
+  testing::check_gemm_tn_bf16_flushes(ks->gemm_tn_bf16, r);
   EXPECT_EQ(r.failed, 0) << r.summary();
 }
 
