@@ -57,12 +57,13 @@ void expect_agreement(const DenseProblem& d, const Storage& st, flce::Pass pass,
   }
   // Those not asked for came back empty (run_library).
   const int64_t w_cols = d.w_layout == flce::WeightLayout::vh ? d.h : d.v;
+  // (Braces: EXPECT_TRUE is an if-else of its own.)
   if (judge == WeightGradients::normwise) {
-    if (grads.x) EXPECT_TRUE(within_bounds_normwise("grad_x", out.grad_x, exact.grad_x, gb.grad_x));
-    if (grads.w) EXPECT_TRUE(within_bounds_normwise("grad_w", out.grad_w, exact.grad_w, gb.grad_w));
+    if (grads.x) { EXPECT_TRUE(within_bounds_normwise("grad_x", out.grad_x, exact.grad_x, gb.grad_x)); }
+    if (grads.w) { EXPECT_TRUE(within_bounds_normwise("grad_w", out.grad_w, exact.grad_w, gb.grad_w)); }
   } else {
-    if (grads.x) EXPECT_TRUE(within_bounds("grad_x", out.grad_x, exact.grad_x, gb.grad_x, d.h));
-    if (grads.w) EXPECT_TRUE(within_bounds("grad_w", out.grad_w, exact.grad_w, gb.grad_w, w_cols));
+    if (grads.x) { EXPECT_TRUE(within_bounds("grad_x", out.grad_x, exact.grad_x, gb.grad_x, d.h)); }
+    if (grads.w) { EXPECT_TRUE(within_bounds("grad_w", out.grad_w, exact.grad_w, gb.grad_w, w_cols)); }
   }
   if (grads.bias) {
     EXPECT_TRUE(within_bounds("grad_bias", out.grad_bias, exact.grad_bias, gb.grad_bias));
