@@ -1531,6 +1531,44 @@ TEST_F(CpuPlanSubsets, AStaleCallerWorkspaceGivesTheBitsOfTheBackendsOwn) {
   }
 }
 
+// Every plan on every GEMM engine, with f32 gradients, which the plans
+// write in place (grad_W at its row stride, and on vocabulary outer a dense
+// grad_x), and with each 2-D array a slice of a padded buffer
+// (Views::padded_rows; the padding must stay unread and unwritten). The
+// other plan tests run the default engine on contiguous arrays and f64
+// gradients, which go through the backend's accumulators instead.
+TEST_F(CpuPlanSubsets, EveryPlanOnEveryGemmEngineInPlaceAndWithPaddedRows) {
+  for (const flce::cpu::GemmEngine* engine : flce::cpu::gemm_engines())
+    for (const PlanCase& pc : plan_cases()) {
+      use(pc);
+      Case f32 = pc.c;
+      f32.gradients_as(Dtype::f32);
+      const struct {
+        const Case& c;
+        Pass pass;
+        Views views;
+      } runs[] = {{pc.c, Pass::forward, Views::padded_rows},
+                  {f32, Pass::loss_and_grad, Views::padded_rows},
+                  {f32, Pass::loss_and_grad, Views::contiguous}};
+      for (const auto& run : runs) {
+        SCOPED_TRACE(std::string(engine->name()) + ", " + pc.name + ", " + flce::pass_name(run.pass) +
+                     (&run.c == &f32 ? ", f32 gradients" : "") +
+                     (run.views == Views::padded_rows ? ", padded rows" : ""));
+        expect_agreement(run.c.problem(), run.c.storage(), run.pass, cpu(0, engine->name()), policy(run.c),
+                         false, WeightGradients::elementwise, RowOutputs::all, run.views);
+      }
+    }
+  unsetenv("FLCE_CPU_GRAD_ORDER");
+  // The logits entry (no GEMM): grad_logits apart and over the logits.
+  Case c = logits(30, 2 * kTile + 5).label_smoothing(0.1).with_grad_entropy();
+  c.gradients_as(Dtype::f32);
+  for (bool in_place : {false, true}) {
+    SCOPED_TRACE(in_place ? "logits, grad_logits in place" : "logits");
+    expect_agreement(c.problem(), c.storage(), Pass::loss_and_grad, cpu(), cpu_precision(c.problem(), c.storage()),
+                     in_place, WeightGradients::elementwise, RowOutputs::all, Views::padded_rows);
+  }
+}
+
 }  // namespace
 }  // namespace flce_test
 

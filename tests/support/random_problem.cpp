@@ -65,15 +65,18 @@ T load(const unsigned char* at) {
 class HostArray {
  public:
   HostArray() = default;  // absent
-  HostArray(flce::Dtype dtype, int ndim, int64_t rows, int64_t cols)
-      : dtype_(dtype), ndim_(ndim), rows_(rows), cols_(cols),
-        bytes_(size_t(count()) * element_size(dtype)) {
+  // A 2-D array's rows are `padding` elements apart beyond cols
+  // (Views::padded_rows); the padding's bytes are 0xFF, a NaN in every
+  // floating dtype, and are checked by padding_intact().
+  HostArray(flce::Dtype dtype, int ndim, int64_t rows, int64_t cols, int64_t padding = 0)
+      : dtype_(dtype), ndim_(ndim), rows_(rows), cols_(cols), padding_(ndim == 2 ? padding : 0),
+        bytes_(size_t(ndim == 2 ? rows * (cols + padding_) : count()) * element_size(dtype), 0xFF) {
     for (int64_t k = 0; k < count(); ++k)
       set(k, is_index(dtype) ? -7.0 : std::numeric_limits<double>::quiet_NaN());
   }
   static HostArray of(const std::vector<double>& values, flce::Dtype dtype, int ndim,
-                      int64_t rows, int64_t cols = 1) {
-    HostArray a(dtype, ndim, rows, cols);
+                      int64_t rows, int64_t cols = 1, int64_t padding = 0) {
+    HostArray a(dtype, ndim, rows, cols, padding);
     for (int64_t k = 0; k < a.count(); ++k) a.set(k, values[k]);
     return a;
   }
@@ -92,7 +95,7 @@ class HostArray {
     t.ndim = ndim_;
     if (ndim_ >= 1) {
       t.shape[0] = rows_;
-      t.stride[0] = ndim_ == 2 ? cols_ : 1;
+      t.stride[0] = ndim_ == 2 ? cols_ + padding_ : 1;
     }
     if (ndim_ == 2) {
       t.shape[1] = cols_;
@@ -101,8 +104,19 @@ class HostArray {
     return t;
   }
 
+  // The first row whose padding bytes changed, or -1.
+  int64_t row_with_padding_written() const {
+    const size_t e = element_size(dtype_);
+    for (int64_t r = 0; r < (padding_ ? rows_ : 0); ++r) {
+      const unsigned char* pad = bytes_.data() + (size_t(r * (cols_ + padding_) + cols_)) * e;
+      for (size_t b = 0; b < size_t(padding_) * e; ++b)
+        if (pad[b] != 0xFF) return r;
+    }
+    return -1;
+  }
+
   void set(int64_t k, double value) {
-    unsigned char* at = bytes_.data() + k * element_size(dtype_);
+    unsigned char* at = bytes_.data() + offset(k);
     switch (dtype_) {
       case flce::Dtype::f64: return store(at, value);
       case flce::Dtype::f32: return store(at, float(value));
@@ -114,7 +128,7 @@ class HostArray {
   }
 
   double get(int64_t k) const {
-    const unsigned char* at = bytes_.data() + k * element_size(dtype_);
+    const unsigned char* at = bytes_.data() + offset(k);
     switch (dtype_) {
       case flce::Dtype::f64: return load<double>(at);
       case flce::Dtype::f32: return load<float>(at);
@@ -134,16 +148,22 @@ class HostArray {
   std::vector<int64_t> indices() const {
     std::vector<int64_t> v(count());
     for (int64_t k = 0; k < count(); ++k) {
-      const unsigned char* at = bytes_.data() + k * element_size(dtype_);
+      const unsigned char* at = bytes_.data() + offset(k);
       v[k] = dtype_ == flce::Dtype::i64 ? load<int64_t>(at) : load<int32_t>(at);
     }
     return v;
   }
 
  private:
+  // Element k of the row-major [rows, cols] values, in bytes.
+  size_t offset(int64_t k) const {
+    const int64_t at = padding_ ? k / cols_ * (cols_ + padding_) + k % cols_ : k;
+    return size_t(at) * element_size(dtype_);
+  }
+
   flce::Dtype dtype_ = flce::Dtype::f64;
   int ndim_ = -1;
-  int64_t rows_ = 0, cols_ = 0;
+  int64_t rows_ = 0, cols_ = 0, padding_ = 0;
   std::vector<unsigned char> bytes_;
 };
 
@@ -338,15 +358,16 @@ Outputs run_library(const DenseProblem& d, const Storage& st, const Request& rq)
   HostArray x, w, bias, logits;
   const int64_t w_rows = vh ? d.v : d.h, w_cols = vh ? d.h : d.v;
   const bool overlapping = rq.views == Views::overlapping_rows && !d.logits_entry;
+  const int64_t pad = rq.views == Views::padded_rows ? kRowPadding : 0;  // of 2-D arrays
   if (d.logits_entry) {
-    logits = HostArray::of(d.logits, st.inputs, 2, d.n, d.v);
+    logits = HostArray::of(d.logits, st.inputs, 2, d.n, d.v, pad);
   } else if (overlapping) {
     x = hankel_array(d.x, st.inputs, d.n, d.h);
     w = hankel_array(d.w, st.inputs, w_rows, w_cols);
     bias = optional(d.bias, st.inputs, 1, d.v);
   } else {
-    x = HostArray::of(d.x, st.inputs, 2, d.n, d.h);
-    w = HostArray::of(d.w, st.inputs, 2, w_rows, w_cols);
+    x = HostArray::of(d.x, st.inputs, 2, d.n, d.h, pad);
+    w = HostArray::of(d.w, st.inputs, 2, w_rows, w_cols, pad);
     bias = optional(d.bias, st.inputs, 1, d.v);
   }
   std::vector<double> labels(d.labels.begin(), d.labels.end());
@@ -373,11 +394,11 @@ Outputs run_library(const DenseProblem& d, const Storage& st, const Request& rq)
     grad_lse = optional(d.grad_lse, st.reals, 1, d.n);
     grad_entropy = optional(d.grad_entropy, st.reals, 1, d.n);
     if (rq.gradients && d.logits_entry && !rq.in_place) {
-      grad_logits = HostArray(st.gradients, 2, d.n, d.v);
+      grad_logits = HostArray(st.gradients, 2, d.n, d.v, pad);
     } else if (rq.gradients && !d.logits_entry) {
       const GradientSet& g = rq.head_gradients;
-      if (g.x) grad_x = HostArray(st.gradients, 2, d.n, d.h);
-      if (g.w) grad_w = HostArray(st.gradients, 2, vh ? d.v : d.h, vh ? d.h : d.v);
+      if (g.x) grad_x = HostArray(st.gradients, 2, d.n, d.h, pad);
+      if (g.w) grad_w = HostArray(st.gradients, 2, w_rows, w_cols, pad);
       if (g.bias && !d.bias.empty()) grad_bias = HostArray(st.gradients, 1, d.v, 1);
     }
   }
@@ -427,6 +448,12 @@ Outputs run_library(const DenseProblem& d, const Storage& st, const Request& rq)
   if (rq.call_on_new_thread) std::thread(call).join();
   else call();
   if (cuda && out.status.ok()) out.status.error = on_device.download(p);
+  const std::pair<const char*, const HostArray*> two_d[] = {
+      {"x", &x}, {"W", &w}, {"logits", &logits}, {"grad_x", &grad_x}, {"grad_W", &grad_w},
+      {"grad_logits", &grad_logits}};
+  for (const auto& [name, array] : two_d)
+    if (const int64_t row = array->row_with_padding_written(); row >= 0)
+      ADD_FAILURE() << name << ": the padding after row " << row << " was written";
   if (fwd) {
     out.loss = loss.values();
     out.lse = lse.values();

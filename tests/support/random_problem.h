@@ -98,7 +98,13 @@ enum class Views {
   // x and W as views whose rows overlap (strides [1, 1] over r + c - 1
   // values): the problem's x and W must be Hankel (make_hankel_inputs).
   overlapping_rows,
+  // Every 2-D array (x, W, logits, grad_x, grad_W, grad_logits) the rows of
+  // a wider one (row stride cols + kRowPadding), as a slice of a padded
+  // buffer is: the padding, NaN bytes (0xFF), must be neither read into a
+  // result nor written (run_library fails the test if a byte changes).
+  padded_rows,
 };
+constexpr int64_t kRowPadding = 5;
 
 // Rewrites x and W (a head problem) as Hankel matrices, a[i][c] = b[i + c],
 // from values they hold, so that Views::overlapping_rows can store them.
