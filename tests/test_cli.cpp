@@ -282,7 +282,11 @@ TEST_F(CliCommands, BenchRefusesSizesBeyondTheMachine) {
        "the reference GEMM's output blocks (one per thread) need 128.3 GiB"},
       // Not a size, but refused as early: a forward has no gradients to filter.
       {{"--n", "2", "--h", "2", "--v", "2", "--pass", "fwd", "--filter-eps", "auto"},
-       "--filter-eps"},
+       "--filter-eps: filters gradients, so applies to --pass bwd or step, not fwd"},
+      {{"--n", "2", "--h", "2", "--v", "2", "--pass", "fwd", "--grad-logits", "storage"},
+       "--grad-logits: sets the dtype of gradients, so applies to --pass bwd or step, not fwd"},
+      {{"--n", "2", "--h", "2", "--v", "2", "--pass", "fwd", "--grad-dtype", "f32"},
+       "--grad-dtype: sets the dtype of gradients, so applies to --pass bwd or step, not fwd"},
   };
   const double gib = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE)) / (1 << 30);
   for (const auto& c : cases) {

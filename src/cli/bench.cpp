@@ -159,8 +159,12 @@ Setup read_setup(const Args& args) {
   check(args.get_choice("grad-logits", {"f32", "storage"}, &grad_logits));
   s.options.grad_logits_dtype = GradLogitsDtype(grad_logits);
   check(get_filter_eps(args, &s.options.filter_eps));
-  if (args.has("filter-eps") && s.pass == 0)
-    throw Failure{"--filter-eps: filters gradients, so applies to --pass bwd or step, not fwd"};
+  // A forward has no gradients: options about them would be reported as if
+  // they had been measured.
+  for (const char* flag : {"filter-eps", "grad-logits", "grad-dtype"})
+    if (args.has(flag) && s.pass == 0)
+      throw Failure{std::string("--") + flag + ": " + (flag[0] == 'f' ? "filters" : "sets the dtype of") +
+                    " gradients, so applies to --pass bwd or step, not fwd"};
   check(args.get_choice("data", {"gaussian", "peaky"}, &s.data));
   int grad_dtype = 0;
   check(args.get_choice("grad-dtype", {"f32", "storage"}, &grad_dtype));
