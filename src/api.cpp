@@ -42,9 +42,9 @@ class HostScratch {
 // the error, a backend's exception (a failed allocation while planning)
 // included. Nothing is written yet.
 std::string plan_call(const Problem& problem, Pass pass, const RunConfig& config,
-                      const Backend** backend, size_t* need) {
+                      const Backend** backend, std::string* declined, size_t* need) {
   try {
-    if (auto e = choose_backend(problem, pass, config, backend); !e.empty()) return e;
+    if (auto e = choose_backend(problem, pass, config, backend, declined); !e.empty()) return e;
     if (auto e = (*backend)->config_error(problem, pass, config); !e.empty()) return e;
     *need = (*backend)->workspace_bytes(problem, pass, config);
   } catch (const std::exception& e) {
@@ -63,7 +63,7 @@ Status run_pass(const Problem& given, Pass pass, const RunConfig& config) {
   const Problem problem = with_canonical_strides(given);
   const Backend* backend = nullptr;
   size_t need = 0;
-  status.error = plan_call(problem, pass, config, &backend, &need);
+  status.error = plan_call(problem, pass, config, &backend, &status.declined, &need);
   if (!status.ok()) return status;
   status.backend = backend->name();
   void* workspace = config.workspace;
@@ -127,7 +127,7 @@ Status workspace_size(const Problem& given, Pass pass, const RunConfig& config, 
     return status;
   }
   const Backend* backend = nullptr;
-  status.error = plan_call(problem, pass, config, &backend, bytes);
+  status.error = plan_call(problem, pass, config, &backend, &status.declined, bytes);
   if (status.ok()) status.backend = backend->name();
   return status;
 }

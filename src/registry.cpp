@@ -31,7 +31,7 @@ std::string names() {
 }  // namespace
 
 std::string choose_backend(const Problem& problem, Pass pass, const RunConfig& config,
-                           const Backend** chosen) {
+                           const Backend** chosen, std::string* declined) {
   std::string forced = config.backend, source = "backend";
   if (forced.empty()) {
     const char* env = std::getenv("FLCE_BACKEND");
@@ -52,6 +52,7 @@ std::string choose_backend(const Problem& problem, Pass pass, const RunConfig& c
     const Support s = b->supports(problem, pass, config);
     if (s.accepted()) {
       *chosen = b;
+      *declined = reasons.empty() ? "" : reasons.substr(2);
       return "";
     }
     reasons += std::string("; ") + b->name() + ": " + s.reason;

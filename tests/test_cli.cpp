@@ -362,6 +362,32 @@ TEST_F(CliRun, ForwardWritesExactlyTheForwardOutputs) {
   for (double a : am) EXPECT_TRUE(a >= 0 && a < V) << a;
 }
 
+// A problem the cpu backend declines runs on the (much slower) float64
+// reference: said on stderr with the reason, where nothing asked for that.
+// It ran silently before.
+TEST_F(CliRun, AFallbackToTheReferenceSaysWhy) {
+  const std::string x16 = write_array(tmp.file("x16.npy"), Dtype::f16, {N, H}, x_values());
+  Result r = run(with("--x", x16));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("backend: reference"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("flce run: note: ran on the float64 reference backend (much slower): cpu: "
+                       "the cpu backend needs x, w and bias in one storage dtype; x is f16, w is f32"),
+            std::string::npos) << r.err;
+  r = run(plus(args, {"--softcap", "1e-39"}));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("note: ran on the float64 reference backend (much slower): cpu: softcap = 1e-39"),
+            std::string::npos) << r.err;
+  // Not where it was asked for, by name or by float64 inputs (as documented).
+  const std::string x64 = write_array(tmp.file("x64.npy"), Dtype::f64, {N, H}, x_values());
+  const std::string w64 = write_array(tmp.file("w64.npy"), Dtype::f64, {V, H}, w_values());
+  for (const Args& a : {plus(with("--x", x16), {"--backend", "reference"}), with(with("--x", x64), "--w", w64),
+                        args}) {
+    r = run(a);
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(r.err, "");
+  }
+}
+
 TEST_F(CliRun, GradientFileSets) {
   EXPECT_EQ(succeeds(plus(args, {"--grad"})), (forward_and({"grad_x.npy", "grad_w.npy"})));
   expect_array("grad_x.npy", Dtype::f32, {N, H});

@@ -127,7 +127,9 @@ TEST(CpuBasics, RunsFirstAndNamesItselfAndItsIsa) {
   const Case c = head(3, 4, 5);
   Request rq;
   rq.config = flce::RunConfig{};  // no backend named: the first that accepts
-  EXPECT_EQ(run_library(c.problem(), c.storage(), rq).status.backend, "cpu");
+  const Outputs out = run_library(c.problem(), c.storage(), rq);
+  EXPECT_EQ(out.status.backend, "cpu");
+  EXPECT_EQ(out.status.declined, "");  // none passed over
 }
 
 TEST(CpuBasics, DeclinesFloat64StorageWithAReason) {
@@ -137,8 +139,13 @@ TEST(CpuBasics, DeclinesFloat64StorageWithAReason) {
   const Outputs forced = run_library(c.problem(), c.storage(), rq);
   EXPECT_FALSE(forced.status.ok());
   EXPECT_NE(forced.status.error.find("f64"), std::string::npos) << forced.status.error;
+  EXPECT_EQ(forced.status.declined, "");  // named: an error, nothing passed over
   rq.config = flce::RunConfig{};
-  EXPECT_EQ(run_library(c.problem(), c.storage(), rq).status.backend, "reference");
+  const Outputs chosen = run_library(c.problem(), c.storage(), rq);
+  EXPECT_EQ(chosen.status.backend, "reference");
+  // Status::declined says why the reference ran: the cpu backend's reason.
+  EXPECT_EQ(chosen.status.declined, "cpu: " + forced.status.error.substr(forced.status.error.find(
+                                                  "declines this problem: ") + 23));
 }
 
 TEST(CpuBasics, DeclinesAScaleOrSoftcapOutsideFloat32WithAReason) {
@@ -157,7 +164,10 @@ TEST(CpuBasics, DeclinesAScaleOrSoftcapOutsideFloat32WithAReason) {
       EXPECT_NE(forced.status.error.find(softcap ? "softcap = " : "logit_scale = "),
                 std::string::npos) << forced.status.error;
       rq.config = flce::RunConfig{};
-      EXPECT_EQ(run_library(c.problem(), c.storage(), rq).status.backend, "reference");
+      const Outputs chosen = run_library(c.problem(), c.storage(), rq);
+      EXPECT_EQ(chosen.status.backend, "reference");
+      EXPECT_NE(chosen.status.declined.find(softcap ? "cpu: softcap = " : "cpu: logit_scale = "),
+                std::string::npos) << chosen.status.declined;
     }
   }
   // Just below the range's end, the message tells the value from the end

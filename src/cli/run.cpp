@@ -195,6 +195,18 @@ void write_outputs(const RunState& s, const std::string& dir,
                  dir.c_str(), why.c_str());
 }
 
+// A problem the cpu backend declined (x, W and bias of different dtypes, a
+// scale its f32 arithmetic cannot hold), run on the float64 reference
+// without being asked: many times slower, so say why. Not for float64
+// inputs, which run there as documented.
+void note_fallback(const Status& status, const Problem& p) {
+  if (status.backend != "reference" || status.declined.empty()) return;
+  for (const Tensor* t : {&p.x, &p.w, &p.bias, &p.logits})
+    if (t->present() && t->dtype == Dtype::f64) return;
+  std::fprintf(stderr, "flce run: note: ran on the float64 reference backend (much slower): %s\n",
+               status.declined.c_str());
+}
+
 void print_summary(const RunState& s, const Status& status, const Problem& p,
                    const std::string& dir) {
   const Tensor loss = vector_view(s.loss.bytes.data(), s.loss.dtype, s.loss.numel());
@@ -243,6 +255,7 @@ int run(const Args& args) {
   if (!status.ok()) throw Failure{explain_api_error(status.error, args)};
   write_outputs(s, args.get("out"), input_files(args, run_flags()));
   print_summary(s, status, p, args.get("out"));
+  note_fallback(status, p);
   return 0;
 }
 

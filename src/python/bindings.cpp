@@ -253,7 +253,8 @@ py::tuple run(const std::string& pass_name, const py::dict& tensors, const py::d
     }
   }
   return py::make_tuple(status.error, status.backend,
-                        py::make_tuple(status.stats.grad_blocks, status.stats.grad_blocks_skipped));
+                        py::make_tuple(status.stats.grad_blocks, status.stats.grad_blocks_skipped),
+                        status.declined);
 }
 
 py::tuple workspace_size(const std::string& pass_name, const py::dict& tensors,
@@ -273,7 +274,8 @@ PYBIND11_MODULE(_flce, m) {
   m.def("run", &run, py::arg("pass_"), py::arg("tensors"), py::arg("options"),
         py::arg("config"),
         "Runs one pass ('forward', 'backward', 'loss_and_grad') on descriptors; returns "
-        "(error, backend, (grad_blocks, grad_blocks_skipped)), error empty on success.");
+        "(error, backend, (grad_blocks, grad_blocks_skipped), declined), error empty on "
+        "success; declined: with no backend named, why those tried before `backend` declined.");
   m.def("workspace_size", &workspace_size, py::arg("pass_"), py::arg("tensors"),
         py::arg("options"), py::arg("config"),
         "Returns (error, backend, bytes): the scratch bytes the chosen backend needs.");

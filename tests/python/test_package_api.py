@@ -11,6 +11,8 @@ float32 accumulation from the exact stored values, so the documented cpu
 bound of tests/python/test_cpu_vs_torch.py (2e-4 for float32) applies.
 """
 
+import warnings
+
 import pytest
 
 from test_package_reference import (as_numpy, import_flce, norm_close, np, peaky_bf16_head,
@@ -560,6 +562,29 @@ def test_gil_is_released_during_a_call():
     # With the GIL held for the call, this loop would stall for all of it.
     assert gaps.max() < 0.5 * done["seconds"], (gaps.max(), done["seconds"])
     assert len(stamps) > 1000
+
+
+def test_a_fallback_to_the_reference_warns_with_the_reason():
+    # The cpu backend declines x, W and bias of different dtypes and scales
+    # its float32 arithmetic cannot hold; the float64 reference, hundreds of
+    # times slower, then ran the call without a word.
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((N, H)).astype(np.float32)
+    w = rng.standard_normal((V, H)).astype(np.float32)
+    y = rng.integers(0, V, N)
+    xb = flce.float32_to_bf16_bits(x)
+    with pytest.warns(UserWarning, match=r"^flce: the float64 reference backend \(much slower\) "
+                      r"ran this call: cpu: the cpu backend needs x, w and bias in one storage "
+                      r"dtype; x is bf16, w is f32$") as got:
+        r = flce.forward(xb, w, y)
+    assert r.backend == "reference" and [g.filename for g in got] == [__file__]  # the caller's line
+    with pytest.warns(UserWarning, match=r"ran this call: cpu: softcap = 1e-39 is outside"):
+        flce.loss_and_grad(x, w, y, softcap=1e-39)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        flce.forward(xb, w, y, backend="reference")  # asked for
+        flce.forward(x.astype(np.float64), w, y)  # float64: the reference, as documented
+        assert flce.forward(x, w, y).backend == "cpu"
 
 
 def test_binding_range_checks_name_the_bad_value():

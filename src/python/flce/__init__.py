@@ -20,6 +20,8 @@ supported dtype. The GIL is released while flce computes.
 
 import inspect
 import numbers
+import sys
+import warnings
 
 import numpy as np
 
@@ -179,6 +181,19 @@ def _plain(value):
     return value
 
 
+def _user_stacklevel():
+    """warnings.warn's stacklevel, for the function that calls it with this,
+    that names the first frame outside flce and torch (whose autograd and
+    nn.Module.__call__ stand between flce.torch and its user)."""
+    def ours(frame):
+        name = frame.f_globals.get("__name__", "")
+        return name == "flce" or name.startswith(("flce.", "torch."))
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and ours(frame):
+        level, frame = level + 1, frame.f_back
+    return level
+
+
 def _call(pass_, args, measure=False):
     """One pass of the library on the arguments of the public call `args`
     (its locals()). measure=True asks for the workspace size instead."""
@@ -304,11 +319,19 @@ def _call(pass_, args, measure=False):
             scratch = _arrays.scratch_like(ref, nbytes)
             keep.append(scratch)
             config["workspace"] = (scratch.data_ptr(), nbytes)
-    error, ran, stats = _run(pass_, tensors, options, config)
+    error, ran, stats, declined = _run(pass_, tensors, options, config)
     _arrays.mark_written(given.values())  # on failure too: they may be partly written
     del keep
     if error:
         raise ValueError(error)
+    if ran == "reference" and declined and \
+            not any(tensors[k][1] == "f64" for k in ("x", "w", "bias", "logits") if k in tensors):
+        # The cpu backend declined a problem it was not asked to skip (x, W
+        # and bias of different dtypes, a scale its f32 arithmetic cannot
+        # hold): the float64 reference, many times slower, ran it. float64
+        # inputs run there as documented, without a word.
+        warnings.warn(f"flce: the float64 reference backend (much slower) ran this call: "
+                      f"{declined}", stacklevel=_user_stacklevel())
     return Result(ran, results, stats)
 
 

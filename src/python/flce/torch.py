@@ -37,7 +37,6 @@ gradient (weights that require one raise). Works with PyTorch 1.13.
 import math
 import numbers
 import os
-import sys
 import warnings
 
 import torch
@@ -110,24 +109,13 @@ def _takes_grads_in_forward(config, wanted, x, w, bias):
         all(t.dtype != torch.float16 for t in (x, w, bias) if t is not None)
 
 
-def _outside_level():
-    """The stacklevel, for a warning issued by this function's caller, of
-    the first frame outside this module and torch (whose nn.Module.__call__
-    stands between a LinearCrossEntropyLoss and its user)."""
-    def ours(frame):
-        name = frame.f_globals.get("__name__", "")
-        return name == __name__ or name.startswith("torch.")
-    level, frame = 2, sys._getframe(2)
-    while frame is not None and ours(frame):
-        level, frame = level + 1, frame.f_back
-    return level
-
-
 def _warn_if_mixed_storage(x, W, bias, backend):
     """x, W and bias of two 16/32-bit dtypes on the CPU: the cpu backend
     declines them and, with no backend named (argument or FLCE_BACKEND),
     the float64 reference (plain loops, orders of magnitude slower) runs
-    the call. Say so, at the caller's line."""
+    the call. Say so, at the caller's line, in the words of torch's dtypes;
+    returns whether it did (the calls then name the reference, so flce's
+    own note on the fallback is not given as well)."""
     dtypes = {t.dtype for t in (x, W, bias) if t is not None}
     if backend is None and not os.environ.get("FLCE_BACKEND") and x.device.type == "cpu" and \
             x.shape[0] > 0 and len(dtypes) > 1 and torch.float64 not in dtypes:
@@ -135,7 +123,9 @@ def _warn_if_mixed_storage(x, W, bias, backend):
                           if t is not None)
         warnings.warn(f"flce.torch: {names}: the cpu backend takes one storage dtype, so the "
                       f"float64 reference backend (much slower) computes this; convert them to "
-                      f"one dtype (or run under torch.autocast)", stacklevel=_outside_level())
+                      f"one dtype (or run under torch.autocast)", stacklevel=flce._user_stacklevel())
+        return True
+    return False
 
 
 def _any_float64(*tensors):
@@ -363,7 +353,8 @@ def linear_cross_entropy(x, W, y, bias=None, *, class_weights=None, token_weight
                    logit_scale=_number("logit_scale", logit_scale, float), reduction=reduction,
                    w_layout=w_layout, grad_logits_dtype=grad_logits_dtype, filter_eps=filter_eps)
     run = dict(backend=backend, gemm=gemm, threads=threads)
-    _warn_if_mixed_storage(x2, W, bias, backend)
+    if _warn_if_mixed_storage(x2, W, bias, backend):
+        run["backend"] = "reference"
     eager = bool(grads_in_forward) and torch.is_grad_enabled() and reduction != "none" and \
         not return_lse and not return_entropy
     config = _Config(options, run, bool(return_entropy), eager)
