@@ -21,11 +21,15 @@
 // _mm512_reduce_*_ps are not instructions: GCC 12's avx512fintrin.h defines
 // them as a tree of halvings, which is copied here so the sums group alike.
 // Not modelled: exceptions and their flags, MXCSR's DAZ/FTZ (the kernels'
-// calls run in the default environment, src/common/float_env.h); for
-// vdpbf16ps, a product that is itself subnormal (the SDM leaves its flush
-// unstated; the checks' N(0,1) bf16 values never make one).
+// calls run in the default environment, src/common/float_env.h), and which
+// of two NaN operands a two-operand instruction returns (the compiler picks
+// the operand order). A review compared every intrinsic here with SIMDe,
+// with this CPU's AVX2/F16C counterparts (all 2^32 floats for roundscale,
+// cvtps_epi32 and the f16 conversions) and with the SDM's special-case
+// tables, on special values and random lanes and masks (2026-11-28).
 #pragma once
 
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -188,9 +192,17 @@ inline __m512 _mm512_fmadd_ps(__m512 a, __m512 b, __m512 c) {
   for (int i = 0; i < 16; ++i) r.f[i] = std::fma(a.f[i], b.f[i], c.f[i]);
   return r;
 }
-inline __m512 _mm512_fnmadd_ps(__m512 a, __m512 b, __m512 c) {  // -(a b) + c, one rounding
+// -(a b) + c, one rounding; a NaN operand comes out as it went in (quieted),
+// its sign not flipped by the negation.
+inline __m512 _mm512_fnmadd_ps(__m512 a, __m512 b, __m512 c) {
   __m512 r;
-  for (int i = 0; i < 16; ++i) r.f[i] = std::fma(-a.f[i], b.f[i], c.f[i]);
+  for (int i = 0; i < 16; ++i) {
+    const float x = a.f[i], y = b.f[i], z = c.f[i];
+    r.f[i] = std::isnan(x)   ? emu_::quieted(x)
+             : std::isnan(y) ? emu_::quieted(y)
+             : std::isnan(z) ? emu_::quieted(z)
+                             : std::fma(-x, y, z);
+  }
   return r;
 }
 inline __m512 _mm512_mask3_fmadd_ps(__m512 a, __m512 b, __m512 c, __mmask16 k) {
@@ -266,12 +278,15 @@ inline __m512 _mm512_roundscale_ps(__m512 a, int imm) {
   }
   return r;
 }
-// vscalefps: a 2^floor(b), rounded once; the SDM's table for NaN and infinities.
+// vscalefps: a 2^floor(b), rounded once; the SDM's table for NaN and
+// infinities (in it a quiet NaN times 2^+inf is +inf and times 2^-inf +0).
 inline __m512 _mm512_scalef_ps(__m512 a, __m512 b) {
   __m512 r;
   for (int i = 0; i < 16; ++i) {
     const float x = a.f[i], y = b.f[i];
-    if (std::isnan(x)) r.f[i] = emu_::quieted(x);
+    const bool quiet_nan = std::isnan(x) && (emu_::bits(x) & 0x00400000u) != 0;
+    if (quiet_nan && std::isinf(y)) r.f[i] = y > 0 ? INFINITY : 0.0f;
+    else if (std::isnan(x)) r.f[i] = emu_::quieted(x);
     else if (std::isnan(y)) r.f[i] = emu_::quieted(y);
     else if (std::isinf(y) && y > 0) r.f[i] = x == 0 ? emu_::kIndefinite : std::copysign(INFINITY, x);
     else if (std::isinf(y)) r.f[i] = std::isinf(x) ? emu_::kIndefinite : std::copysign(0.0f, x);
@@ -298,8 +313,12 @@ inline __m512 _mm512_rcp14_ps(__m512 a) {
   for (int i = 0; i < 16; ++i) {
     const float x = a.f[i];
     if (std::isnan(x)) r.f[i] = emu_::quieted(x);
-    else if (x == 0 || std::isinf(x)) r.f[i] = 1.0f / x;  // +-inf, +-0: exact
-    else r.f[i] = float((1.0 / double(x)) * (1.0 + (emu_::bits(x) & 1 ? -1 : 1) * 0.97 * 0x1p-14));
+    else if (std::fabs(x) <= 0x1p-128f) r.f[i] = std::copysign(INFINITY, x);  // 0 too (SDM)
+    else if (std::isinf(x)) r.f[i] = 1.0f / x;  // +-0
+    else {
+      const double v = (1.0 / double(x)) * (1.0 + (emu_::bits(x) & 1 ? -1 : 1) * 0.97 * 0x1p-14);
+      r.f[i] = float(std::fmax(std::fmin(v, double(FLT_MAX)), -double(FLT_MAX)));  // finite past 2^-128
+    }
   }
   return r;
 }
@@ -429,13 +448,15 @@ inline __m512 _mm512_cvtph_ps(__m256i h) {
   return r;
 }
 // vdpbf16ps (SDM pseudo-code): per lane, the odd pair's product added first,
-// then the even one's, each sum rounded to nearest even and flushed.
+// then the even one's, each a fused multiply-add (the product not rounded
+// alone) rounded to nearest even and flushed.
 inline __m512 _mm512_dpbf16_ps(__m512 c, __m512bh a, __m512bh b) {
   __m512 r;
   for (int j = 0; j < 16; ++j) {
     float sum = emu_::flushed(c.f[j]);
     for (const int half : {1, 0})
-      sum = emu_::flushed(sum + emu_::bf16_value(a.uw[2 * j + half]) * emu_::bf16_value(b.uw[2 * j + half]));
+      sum = emu_::flushed(
+          std::fma(emu_::bf16_value(a.uw[2 * j + half]), emu_::bf16_value(b.uw[2 * j + half]), sum));
     r.f[j] = sum;
   }
   return r;
