@@ -36,11 +36,15 @@ int generate(long long n, long long h, long long v, long long ignored, long long
 
 }  // namespace
 
+constexpr const char* kUsage =
+    "usage: generate_problem --n N --h H --v V [--ignored K] [--seed S] --out DIR\n";
+
 int main(int argc, char** argv) {
   long long n = 0, h = 0, v = 0, ignored = 0, seed = 1;
   std::string out;
   for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
+    if (flag == "--help" || flag == "-h") return std::fputs(kUsage, stdout), 0;
     if (i + 1 == argc) return std::fprintf(stderr, "generate_problem: %s needs a value\n", argv[i]), 2;
     long long* target = flag == "--n" ? &n : flag == "--h" ? &h : flag == "--v" ? &v
                       : flag == "--ignored" ? &ignored : flag == "--seed" ? &seed : nullptr;
@@ -57,7 +61,7 @@ int main(int argc, char** argv) {
     else return std::fprintf(stderr, "generate_problem: unknown option %s\n", argv[i]), 2;
   }
   if (n < 1 || h < 1 || v < 1 || ignored < 0 || ignored > n || out.empty()) {
-    std::fprintf(stderr, "usage: generate_problem --n N --h H --v V [--ignored K] [--seed S] --out DIR\n");
+    std::fputs(kUsage, stderr);
     return 2;
   }
   long long xn = 0, wn = 0;
