@@ -104,9 +104,17 @@ def test_report_names_count_worst_index_and_bound():
     assert text.startswith("my kernel\n  flce.testing.assert_close: 3 output(s)")
     assert "loss: 1 of 1 elements exceed C * bound; worst at []" in text
     assert "grad_w: 1 of 320 elements exceed C * bound; worst at [7, 3]" in text
-    assert "lse: 0 of 24 elements exceed C * bound" in text
+    assert "lse: 0 of 23 finite (of 24) elements exceed C * bound" in text
     assert "1 NaN/Inf position mismatches, first at [5]: actual nan" in text
     assert "vs bound" in text and "ratio" in text
+    # A NaN loss: no finite pair to show as the worst (it read "0 of 1
+    # elements exceed C * bound ... (ratio -1)", as if it had passed).
+    with pytest.raises(AssertionError) as info:
+        ft.assert_close({"loss": np.float32(np.nan)}, **inp)
+    text = str(info.value)
+    assert "loss: none of 1 elements is finite on both sides, with a finite bound; 1 NaN/Inf " \
+        "position mismatches, first at []: actual nan" in text
+    assert "ratio" not in text and "exceed" not in text
 
 
 def test_argmax_check_allows_ties_within_the_logit_bounds_only():

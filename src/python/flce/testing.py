@@ -73,9 +73,15 @@ def compare(name, actual, expected, bound, c=C):
     worst_ratio = float(ratio[worst]) if ratio.size else 0.0
     ok = violations == 0 and not mismatch.any() and not bad_bound.any()
     where = _index(worst, expected.shape)
-    line = (f"{name}: {violations} of {e.size} elements exceed C * bound; worst at {where}: "
-            f"actual {a[worst]!r}, expected {e[worst]!r}, |err| {abs(a[worst] - e[worst]):.3e} "
-            f"vs bound {b[worst]:.3e} (ratio {worst_ratio:.3g})") if e.size else f"{name}: empty"
+    if not e.size:
+        line = f"{name}: empty"
+    elif not checked.any():  # no worst element to show (its ratio would read -1)
+        line = f"{name}: none of {e.size} elements is finite on both sides, with a finite bound"
+    else:
+        of = f"{e.size}" if checked.all() else f"{int(checked.sum())} finite (of {e.size})"
+        line = (f"{name}: {violations} of {of} elements exceed C * bound; worst at {where}: "
+                f"actual {a[worst]!r}, expected {e[worst]!r}, |err| {abs(a[worst] - e[worst]):.3e} "
+                f"vs bound {b[worst]:.3e} (ratio {worst_ratio:.3g})")
     if mismatch.any():
         first = int(np.argmax(mismatch))
         line += (f"; {int(mismatch.sum())} NaN/Inf position mismatches, first at "
