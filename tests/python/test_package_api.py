@@ -371,6 +371,10 @@ def _problem():
     (lambda x, w, y: (x, w[:, :3], y), ValueError, r"^w: shape \[11, 3\] does not match x"),
     (lambda x, w, y: (x, w, y[:3]), ValueError, r"^labels: shape \[3\] does not match N = 7"),
     (lambda x, w, y: (x, w, y.astype(np.float32)), ValueError, r"^labels: dtype f32 is not accepted"),
+    # (It listed the float dtypes, as for any argument.)
+    (lambda x, w, y: (x, w, y > 3), TypeError, r"^labels: dtype bool is not a class index; labels are "
+     r"integers \(int64, int32, or a narrower integer type, copied to int64\)$"),
+    (lambda x, w, y: (x, w, torch.from_numpy(y) > 3), TypeError, r"^labels: dtype bool is not a class"),
     (lambda x, w, y: (x.tolist(), w, y), TypeError, r"^x: expected a numpy.ndarray or torch.Tensor, got list"),
     (lambda x, w, y: (x.astype(np.int8), w, y), TypeError, r"^x: numpy dtype int8 is not supported"),
     (lambda x, w, y: (x.astype(np.complex64), w, y), TypeError, r"^x: numpy dtype complex64"),

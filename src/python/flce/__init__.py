@@ -160,7 +160,12 @@ _INPUT_NAMES = ("x", "w", "bias", "logits", "labels", "token_weights", "class_we
 def _as_class_indices(labels):
     """Labels of an integer dtype other than int32 and int64 (numpy's uint16
     would otherwise read as bfloat16 bits; int8, uint8, ...) as an int64
-    copy; other labels as they are, for the library to judge."""
+    copy; bool labels refused here (the generic message listed the float
+    dtypes); other labels as they are, for the library to judge."""
+    if (isinstance(labels, np.ndarray) and labels.dtype == np.bool_) or \
+            (_arrays.is_torch(labels) and labels.dtype == _arrays.torch_bool()):
+        raise TypeError("labels: dtype bool is not a class index; labels are integers (int64, "
+                        "int32, or a narrower integer type, copied to int64)")
     if isinstance(labels, np.ndarray) and labels.dtype.kind in "iu" and \
             labels.dtype.newbyteorder("=") not in (np.dtype(np.int32), np.dtype(np.int64)):
         if labels.size and labels.dtype.kind == "u" and labels.max() > np.iinfo(np.int64).max:

@@ -50,6 +50,10 @@ def _torch_dtypes():
     }
 
 
+def torch_bool():
+    return _torch().bool
+
+
 def torch_narrow_ints():
     """torch's integer dtypes that int64 holds exactly, but for int32 and
     int64 themselves (uint16 and uint32 exist from torch 2.3)."""
