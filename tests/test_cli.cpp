@@ -704,7 +704,7 @@ TEST_F(CliOptions, OutOfRangeValues) {
       {"--label-smoothing", "1.5"}, {"--label-smoothing", "-0.1"},
       {"--label-smoothing", "nan"}, {"--z-loss", "-1"},         {"--z-loss", "nan"},
       {"--z-loss", "inf"},        {"--logit-scale", "0"},       {"--logit-scale", "-1"},
-      {"--logit-scale", "nan"},   {"--logit-scale", "inf"},     {"--threads", "0"},
+      {"--logit-scale", "nan"},   {"--logit-scale", "inf"},
       {"--threads", "-1"},        {"--threads", "5000"},
       {"--softcap", "1e999"},     {"--softcap", "1e-400"},  // overflow; underflow to 0 (was off)
   };
@@ -712,6 +712,9 @@ TEST_F(CliOptions, OutOfRangeValues) {
     SCOPED_TRACE(flag + " " + value);
     fails(plus(args, {flag, value}), {flag, value});
   }
+  // 0 is all cores, as for flce bench and Python's threads=0 (it was refused).
+  fails(plus(args, {"--threads", "-1"}), {"--threads: -1 is not in [0, 4096] (0: all cores)"});
+  EXPECT_EQ(succeeds(plus(args, {"--threads", "0"})), kForwardFiles);
 }
 
 TEST_F(CliOptions, NonNumericValues) {

@@ -695,7 +695,7 @@ TEST_F(EvalErrors, BadOptions) {
   fails(with("--dtype", "f8"), {"--dtype: 'f8' is not one of f32|bf16|f16"});
   fails(with("--w-layout", "vv"), {"--w-layout: 'vv' is not one of vh|hv"});
   fails(with("--out-dtype", "i8"), {"--out-dtype: 'i8' is not one of f32|f64"});
-  fails(with("--threads", "0"), {"--threads: 0 is not in [1, 4096]"});
+  fails(with("--threads", "-1"), {"--threads: -1 is not in [0, 4096] (0: all cores)"});
   fails(with("--backend", "gpu9"), {"--backend: ", "gpu9"});
   fails(with("--gemm", "nosuch"), {"--gemm: ", "nosuch"});
   // The default backend declines a softcap float32 cannot hold: both named.

@@ -43,7 +43,7 @@ const std::vector<Flag>& bench_flags() {
       {"filter-eps", "E|auto", "gradient filtering: E >= 0, or auto = storage epsilon / 32 (default 0, off)"},
       {"grad-dtype", "f32|storage", "dtype of grad_x and grad_W: f32 (mixed precision) or the storage dtype (default f32)"},
       {"data", "gaussian|peaky", "generated data: gaussian, or a trained-LM-like Zipf head (default gaussian)"},
-      {"threads", "T", "threads (default: all)"},
+      {"threads", "T", "CPU threads, 0 to 4096 (default 0: all)"},
       {"reps", "R", "timed repetitions (default 5)"},
       {"warmup", "W", "untimed calls before them, 0 or 1 (default 1; 0 for shapes that take minutes)"},
       {"backend", "NAME", "force a backend (default: the first that accepts)"},

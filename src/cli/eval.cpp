@@ -58,7 +58,7 @@ const std::vector<Flag>& eval_flags() {
       {"block-rows", "R", "rows per forward call, >= 1 (default 4096)"},
       {"backend", "NAME", "backend (default: FLCE_BACKEND if set, else cpu; see `flce backends`)"},
       {"gemm", "NAME", "the GEMM engine: openblas|onednn|eigen for cpu, cublas for cuda"},
-      {"threads", "T", "CPU threads, 1 to 4096 (default: all)"},
+      {"threads", "T", "CPU threads, 0 to 4096 (default 0: all)"},
       {"out", "DIR", "also write DIR/logprob.npy, entropy.npy and argmax.npy (int64), [N] each"},
       {"out-dtype", "f32|f64", "dtype of logprob.npy and entropy.npy (default f32)"},
       {"json", nullptr, "print the summary as one JSON line"},
@@ -477,8 +477,9 @@ int eval(const Args& args) {
   if (block_rows < 1)
     throw Failure{"--block-rows: " + std::to_string(block_rows) + " is not >= 1"};
   check(args.get_int("threads", &threads));
-  if (args.has("threads") && (threads < 1 || threads > 4096))
-    throw Failure{"--threads: " + std::to_string(threads) + " is not in [1, 4096]"};
+  // 0: the backend's default (all cores), as for flce bench and Python's threads=0.
+  if (threads < 0 || threads > 4096)
+    throw Failure{"--threads: " + std::to_string(threads) + " is not in [0, 4096] (0: all cores)"};
   int out_dtype = 0;
   check(args.get_choice("out-dtype", {"f32", "f64"}, &out_dtype));
   const Dtype real_out = out_dtype == 0 ? Dtype::f32 : Dtype::f64;

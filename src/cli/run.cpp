@@ -45,7 +45,7 @@ const std::vector<Flag>& run_flags() {
       {"filter-eps", "E|auto", "gradient filtering (cpu, with --grad): skip dlogits blocks with all |G| <= E kappa_i; auto = storage epsilon / 32 (default 0, off)"},
       {"backend", "NAME", "force a backend (see `flce backends`)"},
       {"gemm", "NAME", "the GEMM engine: openblas|onednn|eigen for cpu, cublas for cuda"},
-      {"threads", "T", "CPU threads, 1 to 4096 (default: all)"},
+      {"threads", "T", "CPU threads, 0 to 4096 (default 0: all)"},
       {"out-dtype", "f32|f64", "dtype of the output arrays (default f32)"},
       {"out", "DIR", "directory for the output .npy files (created if missing)"},
       {"help", nullptr, "show this help"},
@@ -239,8 +239,9 @@ int run(const Args& args) {
   config.gemm = args.get("gemm");
   int64_t threads = 0;
   check(args.get_int("threads", &threads));
-  if (args.has("threads") && (threads < 1 || threads > 4096))
-    throw Failure{"--threads: " + std::to_string(threads) + " is not in [1, 4096]"};
+  // 0: the backend's default (all cores), as for flce bench and Python's threads=0.
+  if (threads < 0 || threads > 4096)
+    throw Failure{"--threads: " + std::to_string(threads) + " is not in [0, 4096] (0: all cores)"};
   config.threads = int(threads);
   const bool grad = args.has("grad");
   // Named before the outputs are sized from the inputs: an x of shape
