@@ -1546,9 +1546,17 @@ TEST_F(CpuPlanSubsets, AStaleCallerWorkspaceGivesTheBitsOfTheBackendsOwn) {
 // grad_x), and with each 2-D array a slice of a padded buffer
 // (Views::padded_rows; the padding must stay unread and unwritten). The
 // other plan tests run the default engine on contiguous arrays and f64
-// gradients, which go through the backend's accumulators instead.
+// gradients, which go through the backend's accumulators instead. The
+// stash in an in-place grad_W needs one super-block over all rows and a
+// dense grad_W: run apart (the "stashed scores" case's f32 runs recompute).
 TEST_F(CpuPlanSubsets, EveryPlanOnEveryGemmEngineInPlaceAndWithPaddedRows) {
-  for (const flce::cpu::GemmEngine* engine : flce::cpu::gemm_engines())
+  for (const flce::cpu::GemmEngine* engine : flce::cpu::gemm_engines()) {
+    setenv("FLCE_CPU_GRAD_ORDER", "vocab:64x2", 1);
+    EXPECT_TRUE(stashes(64, Dtype::f32));
+    const Case stash = head(64, kStashH, kStashV).with_bias().label_smoothing(0.1).gradients_as(Dtype::f32);
+    SCOPED_TRACE(std::string(engine->name()) + ", scores stashed in grad_W");
+    expect_agreement(stash.problem(), stash.storage(), Pass::loss_and_grad, cpu(0, engine->name()),
+                     policy(stash));
     for (const PlanCase& pc : plan_cases()) {
       use(pc);
       Case f32 = pc.c;
@@ -1568,6 +1576,7 @@ TEST_F(CpuPlanSubsets, EveryPlanOnEveryGemmEngineInPlaceAndWithPaddedRows) {
                          false, WeightGradients::elementwise, RowOutputs::all, run.views);
       }
     }
+  }
   unsetenv("FLCE_CPU_GRAD_ORDER");
   // The logits entry (no GEMM): grad_logits apart and over the logits.
   Case c = logits(30, 2 * kTile + 5).label_smoothing(0.1).with_grad_entropy();
