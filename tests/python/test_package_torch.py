@@ -203,6 +203,10 @@ def test_mixed_storage_on_the_cpu_warns_that_the_reference_runs():
         linear_cross_entropy(x[:0].bfloat16(), w, y[:0])  # no rows: nothing runs
         linear_cross_entropy(x, w.double(), y)  # float64: the reference, as documented
         linear_cross_entropy(x.bfloat16(), w.bfloat16(), y)
+    # Bool labels: flce's message, with rows or without (torch.iinfo raised).
+    for rows in (len(y), 0):
+        with pytest.raises(TypeError, match="^labels: dtype bool is not a class index"):
+            linear_cross_entropy(x[:rows], w, y[:rows] > 3)
     # Declined for another reason: flce's own note, at the caller's line too.
     with pytest.warns(UserWarning, match=r"reference backend .* cpu: softcap = 1e-39") as got:
         linear_cross_entropy(x, w, y, softcap=1e-39)

@@ -353,8 +353,8 @@ def linear_cross_entropy(x, W, y, bias=None, *, class_weights=None, token_weight
                    logit_scale=_number("logit_scale", logit_scale, float), reduction=reduction,
                    w_layout=w_layout, grad_logits_dtype=grad_logits_dtype, filter_eps=filter_eps)
     run = dict(backend=backend, gemm=gemm, threads=threads)
-    if _warn_if_mixed_storage(x2, W, bias, backend):
-        run["backend"] = "reference"
+    if _warn_if_mixed_storage(x2, W, bias, backend) and gemm is None:
+        run["backend"] = "reference"  # (with a gemm, let every backend's reason show)
     eager = bool(grads_in_forward) and torch.is_grad_enabled() and reduction != "none" and \
         not return_lse and not return_entropy
     config = _Config(options, run, bool(return_entropy), eager)
@@ -363,8 +363,8 @@ def linear_cross_entropy(x, W, y, bias=None, *, class_weights=None, token_weight
         # (ignored) row, then flce's semantics for no rows.
         one = dict(token_weights=None if tw is None else tw.new_ones(1), class_weights=cw)
         ignore = options["ignore_index"]
-        fits = y1.dtype.is_floating_point or (torch.iinfo(y1.dtype).min <= ignore <=
-                                              torch.iinfo(y1.dtype).max)
+        fits = y1.dtype.is_floating_point or y1.dtype == torch.bool or \
+            (torch.iinfo(y1.dtype).min <= ignore <= torch.iinfo(y1.dtype).max)
         try:
             flce.workspace_size("forward", x2.new_zeros(1, x2.shape[1]), W,
                                 y1.new_full((1,), ignore if fits else 0), bias=bias, **one,
