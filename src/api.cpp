@@ -64,7 +64,10 @@ Status run_pass(const Problem& given, Pass pass, const RunConfig& config) {
   const Backend* backend = nullptr;
   size_t need = 0;
   status.error = plan_call(problem, pass, config, &backend, &status.declined, &need);
-  if (!status.ok()) return status;
+  if (!status.ok()) {
+    status.declined.clear();  // no `backend` ran for them to be passed over for
+    return status;
+  }
   status.backend = backend->name();
   void* workspace = config.workspace;
   HostScratch owned;
@@ -129,6 +132,7 @@ Status workspace_size(const Problem& given, Pass pass, const RunConfig& config, 
   const Backend* backend = nullptr;
   status.error = plan_call(problem, pass, config, &backend, &status.declined, bytes);
   if (status.ok()) status.backend = backend->name();
+  else status.declined.clear();
   return status;
 }
 

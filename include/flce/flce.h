@@ -119,11 +119,12 @@ struct RunStats {
 struct Status {
   std::string error;
   std::string backend;
+  RunStats stats;
   // With no backend named (RunConfig::backend, FLCE_BACKEND): those tried
   // before `backend` that declined, each with why ("cpu: ...; ..."), so a
-  // caller can say why the call ran where it did; else empty.
+  // caller can say why the call ran where it did; empty otherwise and on
+  // an error.
   std::string declined;
-  RunStats stats;
   bool ok() const { return error.empty(); }
 };
 
