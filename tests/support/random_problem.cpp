@@ -67,7 +67,7 @@ class HostArray {
   HostArray() = default;  // absent
   // A 2-D array's rows are `padding` elements apart beyond cols
   // (Views::padded_rows); the padding's bytes are 0xFF, a NaN in every
-  // floating dtype, and are checked by padding_intact().
+  // floating dtype, and are checked by row_with_padding_written().
   HostArray(flce::Dtype dtype, int ndim, int64_t rows, int64_t cols, int64_t padding = 0)
       : dtype_(dtype), ndim_(ndim), rows_(rows), cols_(cols), padding_(ndim == 2 ? padding : 0),
         bytes_(size_t(ndim == 2 ? rows * (cols + padding_) : count()) * element_size(dtype), 0xFF) {
