@@ -68,7 +68,6 @@ void check_gemm_tn(Kernel kernel, Report& r) {
               kernel(i1 - i0, j1 - j0, k, a.data() + i0, lda, b.data() + j0, ldb,
                      c + i0 * ldc + j0, ldc, accumulate, scratch);
           };
-          // Messages are formatted only for failures (millions of checks).
           const std::string where = format("m=%lld n=%lld k=%lld acc=%d", (long long)m, (long long)n,
                                            (long long)k, int(accumulate));
           std::vector<float> c = c0;
@@ -81,13 +80,15 @@ void check_gemm_tn(Kernel kernel, Report& r) {
                 exact += t, mag += std::fabs(t);
               }
               const double bound = gamma(k + 1) * mag;
-              if (std::fabs(c[i * ldc + j] - exact) <= bound) r.pass();
-              else r.fail(where + format(": C[%lld,%lld] = %.9g, exact %.9g (bound %.3g)", (long long)i,
-                                      (long long)j, c[i * ldc + j], exact, bound));
+              r.expect(std::fabs(c[i * ldc + j] - exact) <= bound, [&] {
+                return where + format(": C[%lld,%lld] = %.9g, exact %.9g (bound %.3g)", (long long)i,
+                                      (long long)j, c[i * ldc + j], exact, bound);
+              });
             }
             for (int64_t j = n; j < ldc; ++j)
-              if (same_bits(c[i * ldc + j], c0[i * ldc + j])) r.pass();
-              else r.fail(where + format(": padding C[%lld,%lld] written", (long long)i, (long long)j));
+              r.expect(same_bits(c[i * ldc + j], c0[i * ldc + j]), [&] {
+                return where + format(": padding C[%lld,%lld] written", (long long)i, (long long)j);
+              });
           }
           std::vector<float> split = c0;
           const int64_t mh = m / 2, nh = n / 3;
@@ -95,9 +96,10 @@ void check_gemm_tn(Kernel kernel, Report& r) {
           call(mh, m, 0, nh, split.data()), call(mh, m, nh, n, split.data());
           for (int64_t i = 0; i < m; ++i)
             for (int64_t j = 0; j < n; ++j)
-              if (same_bits(split[i * ldc + j], c[i * ldc + j])) r.pass();
-              else r.fail(where + format(": C[%lld,%lld] differs when the call is split", (long long)i,
-                                      (long long)j));
+              r.expect(same_bits(split[i * ldc + j], c[i * ldc + j]), [&] {
+                return where + format(": C[%lld,%lld] differs when the call is split", (long long)i,
+                                      (long long)j);
+              });
         }
       }
     }
@@ -167,10 +169,11 @@ inline void check_pack_scores(const KernelSet& ks, Report& r) {
           const float got_back = back[size_t(offset + i)];
           const bool same_back = std::isnan(want_back) ? std::isnan(got_back) : got_back == want_back;
           const bool both_nan = std::isnan(x) && (got & 0x7C00) == 0x7C00 && (got & 0x3FF) != 0;
-          if ((got == want || both_nan) && same_back) r.pass();
-          else r.fail(format("ref %g s %g (n %lld, i %lld): code %u want %u, back %g want %g", ref,
+          r.expect((got == want || both_nan) && same_back, [&] {
+            return format("ref %g s %g (n %lld, i %lld): code %u want %u, back %g want %g", ref,
                           s[size_t(offset + i)], (long long)n, (long long)i, unsigned(got),
-                          unsigned(want), got_back, want_back));
+                          unsigned(want), got_back, want_back);
+          });
         }
         r.expect(d[size_t(n + offset)] == 0xABCD && back[size_t(n + offset)] == 7.0f,
                  format("wrote past the end at n %lld, offset %lld", (long long)n, (long long)offset));

@@ -41,6 +41,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "simd/dispatch.h"
@@ -80,6 +81,10 @@ struct Report {
     if (failed++ < 12) log += msg + "\n";
   }
   void expect(bool ok, const std::string& msg) { ok ? pass() : fail(msg); }
+  // The message made only for a failure: for checks of every element, where
+  // formatting each one took most of the time.
+  template <class MakeMessage, class = decltype(std::declval<MakeMessage>()())>
+  void expect(bool ok, MakeMessage&& make_message) { ok ? pass() : fail(make_message()); }
   std::string summary() const {
     return format("%lld comparisons, %lld failed", (long long)checked, (long long)failed) +
            (failed ? "\n" + log : std::string());
@@ -388,17 +393,19 @@ inline void check_exp(const KernelSet& ks, const KernelSet& ref, Report& r) {
             r.fail(format("%s i=%lld: exp(%a) = %a, reference %a", where.c_str(), (long long)i,
                           x[size_t(i)], v, e));
           else r.pass();
-          r.expect(same_or_both_nan(inplace[i], v),
-                   format("%s i=%lld: in place %a != out of place %a", where.c_str(),
-                          (long long)i, inplace[i], v));
+          r.expect(same_or_both_nan(inplace[i], v), [&] {
+            return format("%s i=%lld: in place %a != out of place %a", where.c_str(),
+                          (long long)i, inplace[i], v);
+          });
         }
         if (n <= 64) {
           for (int64_t i = 0; i < n; ++i) {
             float one;
             ks.exp(&x[size_t(i)], &one, 1);
-            r.expect(same_or_both_nan(one, out[i]),
-                     format("%s i=%lld: alone %a, in the array %a", where.c_str(), (long long)i,
-                            one, out[i]));
+            r.expect(same_or_both_nan(one, out[i]), [&] {
+              return format("%s i=%lld: alone %a, in the array %a",
+                            where.c_str(), (long long)i, one, out[i]);
+            });
           }
         }
       }
@@ -554,9 +561,10 @@ inline void check_scores(const KernelSet& ks, const KernelSet& ref, Report& r) {
                 for (int64_t i = 0; i < n; ++i) {
                   float one = s[size_t(i)];
                   ks.scores(&one, with_bias ? &b[size_t(i)] : nullptr, 1, a, k);
-                  r.expect(same_or_both_nan(one, sv[i]),
-                           format("%s i=%lld: alone %a, in the array %a", where.c_str(),
-                                  (long long)i, one, sv[i]));
+                  r.expect(same_or_both_nan(one, sv[i]), [&] {
+                    return format("%s i=%lld: alone %a, in the array %a",
+                                  where.c_str(), (long long)i, one, sv[i]);
+                  });
                 }
               }
             }
@@ -981,17 +989,19 @@ inline void check_dlogits(const KernelSet& ks, const KernelSet& ref, Report& r) 
                               (long long)i, s[size_t(i)], v, e,
                               dlogits_tolerance(s[size_t(i)], with_cw ? c[size_t(i)] : 1.0f, q)));
               else r.pass();
-              r.expect(same_or_both_nan(inplace[i], v),
-                       format("%s i=%lld: in place %a, out of place %a", where.c_str(),
-                              (long long)i, inplace[i], v));
+              r.expect(same_or_both_nan(inplace[i], v), [&] {
+                return format("%s i=%lld: in place %a, out of place %a",
+                              where.c_str(), (long long)i, inplace[i], v);
+              });
             }
             if (n <= 64) {
               for (int64_t i = 0; i < n; ++i) {
                 float one;
                 ks.dlogits(&s[size_t(i)], with_cw ? &c[size_t(i)] : nullptr, 1, &q, &one);
-                r.expect(same_or_both_nan(one, gv[i]),
-                         format("%s i=%lld: alone %a, in the array %a", where.c_str(),
-                                (long long)i, one, gv[i]));
+                r.expect(same_or_both_nan(one, gv[i]), [&] {
+                  return format("%s i=%lld: alone %a, in the array %a",
+                                where.c_str(), (long long)i, one, gv[i]);
+                });
               }
             }
           }
