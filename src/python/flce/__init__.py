@@ -13,9 +13,12 @@ bfloat16, so numpy.uint16 arrays are read as bfloat16 bit patterns
 (flce.float32_to_bf16_bits / flce.bf16_bits_to_float32 convert); numpy
 float16 is IEEE half. The semantics of every number are the README's.
 
-Errors: ValueError for bad values, shapes and options (the C++ library's
-message, verbatim), TypeError for arguments that are not arrays of a
-supported dtype. The GIL is released while flce computes.
+Errors: ValueError for bad values, shapes, options and dtypes an argument
+does not take (the C++ library's message, verbatim), TypeError for
+arguments that are not arrays, or of a dtype flce has none of (bool,
+complex). A call the float64 reference ran because the cpu backend
+declined it (no float64 input, no backend named) warns, with the reason.
+The GIL is released while flce computes.
 """
 
 import inspect
