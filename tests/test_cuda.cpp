@@ -111,7 +111,7 @@ Case logits(int64_t n, int64_t v, uint64_t seed = 1) {
 // make_plan, so that a call that does not stash is held to the bound
 // without u_q.
 Precision cuda_precision(const DenseProblem& d, const Storage& st,
-                         Pass pass = Pass::loss_and_grad) {
+                         [[maybe_unused]] Pass pass = Pass::loss_and_grad) {  // (unused without CUDA)
   Precision p = float32_precision(d, st);
 #ifdef FLCE_HAVE_CUDA
   if (d.logits_entry || d.w_layout != WeightLayout::vh || pass == Pass::forward) return p;
