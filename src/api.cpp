@@ -43,14 +43,16 @@ class HostScratch {
 // included. Nothing is written yet.
 std::string plan_call(const Problem& problem, Pass pass, const RunConfig& config,
                       const Backend** backend, std::string* declined, size_t* need) {
+  std::string error;
   try {
-    if (auto e = choose_backend(problem, pass, config, backend, declined); !e.empty()) return e;
-    if (auto e = (*backend)->config_error(problem, pass, config); !e.empty()) return e;
-    *need = (*backend)->workspace_bytes(problem, pass, config);
+    error = choose_backend(problem, pass, config, backend, declined);
+    if (error.empty()) error = (*backend)->config_error(problem, pass, config);
+    if (error.empty()) *need = (*backend)->workspace_bytes(problem, pass, config);
   } catch (const std::exception& e) {
-    return std::string("planning the call: ") + e.what();
+    error = std::string("planning the call: ") + e.what();
   }
-  return "";
+  if (!error.empty()) declined->clear();  // no backend runs for them to be passed over for
+  return error;
 }
 
 Status run_pass(const Problem& given, Pass pass, const RunConfig& config) {
@@ -64,10 +66,7 @@ Status run_pass(const Problem& given, Pass pass, const RunConfig& config) {
   const Backend* backend = nullptr;
   size_t need = 0;
   status.error = plan_call(problem, pass, config, &backend, &status.declined, &need);
-  if (!status.ok()) {
-    status.declined.clear();  // no `backend` ran for them to be passed over for
-    return status;
-  }
+  if (!status.ok()) return status;
   status.backend = backend->name();
   void* workspace = config.workspace;
   HostScratch owned;
@@ -132,7 +131,6 @@ Status workspace_size(const Problem& given, Pass pass, const RunConfig& config, 
   const Backend* backend = nullptr;
   status.error = plan_call(problem, pass, config, &backend, &status.declined, bytes);
   if (status.ok()) status.backend = backend->name();
-  else status.declined.clear();
   return status;
 }
 
