@@ -43,15 +43,18 @@ struct Bf16Elements {
 // NaN-filled C must be ignored; the padding of C must stay untouched; and
 // splitting m and n over four calls must give the same bits (the kernel's
 // promise, which keeps the cpu backend's grad_W independent of its tiling).
+// gemm_tn's packing scratch, 64-byte aligned as the kernels require.
+inline float* gemm_tn_scratch() {
+  alignas(64) static float scratch[kGemmTnScratchFloats];
+  return scratch;
+}
+
 template <class E, class Kernel>
 void check_gemm_tn(Kernel kernel, Report& r) {
   using T = typename E::T;
   std::mt19937 rng(7);
   std::normal_distribution<float> normal;
-  // The packing scratch, 64-byte aligned as the kernel requires.
-  std::vector<float> scratch_store(size_t(kGemmTnScratchFloats) + 16);
-  float* const scratch = reinterpret_cast<float*>(
-      (reinterpret_cast<uintptr_t>(scratch_store.data()) + 63) / 64 * 64);
+  float* const scratch = gemm_tn_scratch();
   for (int64_t m : {1, 5, 6, 7, 8, 9, 17, 64, 600}) {  // 600: two pieces of rows
     for (int64_t n : {1, 15, 16, 17, 47, 48, 49, 63, 64, 65, 130, 480, 481, 512, 513, 600}) {
       for (int64_t k : {0, 1, 2, 3, 7, 48, 520}) {  // 520: pieces of 128 and 256
@@ -115,7 +118,6 @@ void check_gemm_tn(Kernel kernel, Report& r) {
 //  * C = 0 plus 2^-63 * 2^-63 = 2^-126, the smallest normal: kept.
 template <class Kernel>
 void check_gemm_tn_bf16_flushes(Kernel kernel, Report& r) {
-  alignas(64) static float scratch[kGemmTnScratchFloats];
   struct Case {
     float a, b, c, want;
     const char* what;
@@ -126,7 +128,7 @@ void check_gemm_tn_bf16_flushes(Kernel kernel, Report& r) {
   for (const Case& t : cases) {
     const uint16_t a = f32_to_bf16(t.a), b = f32_to_bf16(t.b);
     float c = t.c;
-    kernel(1, 1, 1, &a, 1, &b, 1, &c, 1, true, scratch);
+    kernel(1, 1, 1, &a, 1, &b, 1, &c, 1, true, gemm_tn_scratch());
     r.expect(same_bits(c, t.want), format("gemm_tn_bf16, %s: C = %g, want %g", t.what, c, t.want));
   }
 }

@@ -29,6 +29,7 @@
 // tables, on special values and random lanes and masks (2026-11-28).
 #pragma once
 
+#include <bit>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -157,16 +158,8 @@ inline __m512i _mm512_set_epi16(Int... e) {
   for (int i = 0; i < 32; ++i) r.w[i] = int16_t(v[31 - i]);
   return r;
 }
-inline __m512i _mm512_castps_si512(__m512 a) {
-  __m512i r;
-  std::memcpy(&r, &a, 64);
-  return r;
-}
-inline __m512 _mm512_castsi512_ps(__m512i a) {
-  __m512 r;
-  std::memcpy(&r, &a, 64);
-  return r;
-}
+inline __m512i _mm512_castps_si512(__m512 a) { return std::bit_cast<__m512i>(a); }
+inline __m512 _mm512_castsi512_ps(__m512i a) { return std::bit_cast<__m512>(a); }
 
 // ---------------------------------------------------------------- arithmetic
 #define FLCE_EMULATED_LANEWISE(name, expr)   \
