@@ -2,6 +2,7 @@
 // Built with the baseline flags: only the per-ISA sources use -mavx2 etc.
 #include "simd/dispatch.h"
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 
@@ -134,7 +135,14 @@ const KernelSet& kernels_for_cap(const char* cap) {
   return scalar_kernels();
 }
 
+namespace {
+std::atomic<const KernelSet*> kernels_for_testing{nullptr};  // constant-initialized
+}  // namespace
+
+void set_best_kernels_for_testing(const KernelSet* set) { kernels_for_testing.store(set); }
+
 const KernelSet& best_kernels() {
+  if (const KernelSet* set = kernels_for_testing.load()) return *set;
   static const KernelSet& chosen = kernels_for_cap(std::getenv("FLCE_MAX_ISA"));
   return chosen;
 }

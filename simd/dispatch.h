@@ -14,4 +14,12 @@ namespace flce::simd {
 // evaluated once.
 const KernelSet& kernels_for_cap(const char* cap);
 
+// Tests only: best_kernels() returns *set from now on; nullptr goes back to
+// the CPU's choice. A plan keeps the set it was made with (cpu::Plan::kernels),
+// so set it before any run that should use it, never while another thread
+// makes a plan. tests/support/kernels_for_testing.cpp sets the emulated
+// AVX-512 set (simd/testing/avx512_emulated_set.h) for the ctest
+// cpu_backend_isa_avx512_emulated.
+void set_best_kernels_for_testing(const KernelSet* set);
+
 }  // namespace flce::simd
