@@ -132,6 +132,19 @@ TEST(CpuBasics, RunsFirstAndNamesItselfAndItsIsa) {
   EXPECT_EQ(out.status.declined, "");  // none passed over
 }
 
+// FLCE_TEST_KERNELS (tests/support/kernels_for_testing.cpp) reaches the
+// plans: with the emulated AVX-512 set (ctest cpu_backend_isa_avx512_emulated)
+// an f32 grad_W goes through its gemm_tn, the path it is there to run.
+TEST(CpuBasics, PlansTakeTheKernelSetThatFlceTestKernelsNames) {
+  const char* env = std::getenv("FLCE_TEST_KERNELS");
+  if (env == nullptr || *env == 0) GTEST_SKIP() << "FLCE_TEST_KERNELS is not set";
+  ASSERT_STREQ(env, "avx512_emulated");  // the one set it can name
+  const flce::Problem p = flce_test::step_shapes(8, 16, 64, Dtype::f32, Dtype::f32);
+  const flce::cpu::Plan plan = flce::cpu::make_plan(p, Pass::loss_and_grad, cpu());
+  EXPECT_STREQ(plan.kernels->isa, "avx512 (emulated)");
+  EXPECT_TRUE(plan.grad_w_gemm_tn);
+}
+
 TEST(CpuBasics, DeclinesFloat64StorageWithAReason) {
   const Case c = Case::head(3, 4, 5).stored_as(Dtype::f64);
   Request rq;

@@ -1,7 +1,7 @@
 // simd/testing/avx512_emulated_test_main.cpp: the AVX-512 kernel set checked
-// on any x86-64 CPU. The simd/avx512/ sources are compiled a second time over
-// simd/testing/avx512_emulation/immintrin.h (a lane-by-lane model of their
-// intrinsics) and run through the checks tests/test_simd.cpp runs on
+// on any x86-64 CPU. The simd/avx512/ sources, compiled a second time over a
+// lane-by-lane model of their intrinsics (avx512_emulated_set.h), run
+// through the checks tests/test_simd.cpp runs on
 // hardware (kernel_checks.h, gemm_pack_checks.h), against the scalar set.
 // Where the CPU has AVX-512, tests/test_simd.cpp runs the real instructions
 // too; where it has not (this CI machine), this is what runs the code.
@@ -12,8 +12,8 @@
 #include <functional>
 #include <string>
 
-#include "simd/isa_kernels.h"
 #include "simd/kernels.h"
+#include "simd/testing/avx512_emulated_set.h"
 #include "simd/testing/avx512_emulation/immintrin.h"
 #include "simd/testing/gemm_pack_checks.h"
 #include "simd/testing/kernel_checks.h"
@@ -22,17 +22,8 @@ namespace t = flce::simd::testing;
 using namespace flce::simd;
 
 int main() {
-  // Every kernel of the set, bf16 GEMM included (the emulation has vdpbf16ps).
-  static const KernelSet avx512{.isa = "avx512",
-                                .width = 16,
-                                .exp = f32_exp__avx512,
-                                .scores = f32_scores__avx512,
-                                .online_softmax = f32_online_softmax__avx512,
-                                .dlogits = f32_dlogits__avx512,
-                                .gemm_tn = f32_gemm_tn__avx512,
-                                .gemm_tn_bf16 = bf16_gemm_tn__avx512bf16,
-                                .pack_scores = f32_pack_scores__avx512,
-                                .unpack_scores = f32_unpack_scores__avx512};
+  // Every kernel of the set, bf16 GEMM included (the model has vdpbf16ps).
+  const KernelSet& avx512 = t::avx512_emulated_kernels();
   const KernelSet& scalar = scalar_kernels();
   int failed = 0, passed = 0;
   auto run = [&](const std::string& name, const std::function<void(t::Report&)>& body) {
