@@ -91,6 +91,7 @@
 // ~255-280 (R=256, T=1024, H 768/4096): it is only the fallback.
 #include "cpu/gemm/gemm.h"
 
+#include <atomic>
 #include <climits>
 #include <cstring>
 #include <stdexcept>
@@ -128,7 +129,15 @@ const GemmEngine* find_gemm_engine(const std::string& name) {
   return nullptr;
 }
 
+namespace {
+std::atomic<const GemmEngine*> bf16_engine_for_testing{nullptr};  // constant-initialized
+}  // namespace
+
+void set_bf16_gemm_engine_for_testing(const GemmEngine* engine) { bf16_engine_for_testing.store(engine); }
+
 const GemmEngine* default_gemm_engine(Dtype ab_dtype) {
+  if (ab_dtype == Dtype::bf16)
+    if (const GemmEngine* e = bf16_engine_for_testing.load()) return e;
   for (const GemmEngine* e : gemm_engines())
     if (e->supports(ab_dtype)) return e;
   return nullptr;

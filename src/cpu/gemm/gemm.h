@@ -98,6 +98,13 @@ const GemmEngine* find_gemm_engine(const std::string& name);
 // uses default_gemm_engine(Dtype::f32), which is never nullptr.
 const GemmEngine* default_gemm_engine(Dtype ab_dtype);
 
+// Tests only: default_gemm_engine(Dtype::bf16) returns `engine` from now on
+// (nullptr: the compiled-in choice again). A plan keeps the engine it was
+// made with, so set it before the runs that should use it, never while
+// another thread makes a plan. tests/support/kernels_for_testing.cpp sets
+// a bf16 engine that widens to f32 where no engine here has bf16.
+void set_bf16_gemm_engine_for_testing(const GemmEngine* engine);
+
 namespace gemm_detail {
 // Shared by the engines: throws std::invalid_argument, naming `engine`,
 // unless the sizes, leading dimensions and pointers in `args` are consistent.
