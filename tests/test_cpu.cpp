@@ -133,16 +133,24 @@ TEST(CpuBasics, RunsFirstAndNamesItselfAndItsIsa) {
 }
 
 // FLCE_TEST_KERNELS (tests/support/kernels_for_testing.cpp) reaches the
-// plans: with the emulated AVX-512 set (ctest cpu_backend_isa_avx512_emulated)
-// an f32 grad_W goes through its gemm_tn, the path it is there to run.
+// plans: with the emulated AVX-512 set and a bf16 GEMM (ctest
+// cpu_backend_isa_avx512_emulated), grad_W goes through its gemm_tn in f32
+// and gemm_tn_bf16 with bf16 G, whose scores are packed: the paths it is
+// there to run.
 TEST(CpuBasics, PlansTakeTheKernelSetThatFlceTestKernelsNames) {
   const char* env = std::getenv("FLCE_TEST_KERNELS");
   if (env == nullptr || *env == 0) GTEST_SKIP() << "FLCE_TEST_KERNELS is not set";
   ASSERT_STREQ(env, "avx512_emulated");  // the one set it can name
-  const flce::Problem p = flce_test::step_shapes(8, 16, 64, Dtype::f32, Dtype::f32);
-  const flce::cpu::Plan plan = flce::cpu::make_plan(p, Pass::loss_and_grad, cpu());
-  EXPECT_STREQ(plan.kernels->isa, "avx512 (emulated)");
-  EXPECT_TRUE(plan.grad_w_gemm_tn);
+  flce::Problem p = flce_test::step_shapes(8, 16, 64, Dtype::f32, Dtype::f32);
+  const flce::cpu::Plan f32 = flce::cpu::make_plan(p, Pass::loss_and_grad, cpu());
+  EXPECT_STREQ(f32.kernels->isa, "avx512 (emulated)");
+  EXPECT_TRUE(f32.grad_w_gemm_tn);
+  p.x.dtype = p.w.dtype = Dtype::bf16;
+  p.options.grad_logits_dtype = GradLogitsDtype::storage;
+  const flce::cpu::Plan bf16 = flce::cpu::make_plan(p, Pass::loss_and_grad, cpu());
+  EXPECT_EQ(bf16.grad_gemm, Dtype::bf16);
+  EXPECT_TRUE(bf16.grad_w_gemm_tn);
+  EXPECT_TRUE(bf16.packed_scores);
 }
 
 TEST(CpuBasics, DeclinesFloat64StorageWithAReason) {

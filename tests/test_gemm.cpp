@@ -33,6 +33,7 @@
 
 #include "common/float16.h"
 #include "cpu/gemm/gemm.h"
+#include "support/bf16_widening_engine.h"
 
 namespace {
 
@@ -308,6 +309,23 @@ TEST(GemmAccuracy, BackendShapes) {
   for (Dtype dtype : tested_dtypes())
     for (const Shape& s : shapes)
       check_all_engines(make_problem(s.m, s.n, s.k, s.ta, s.tb, s.beta, dtype, seed++));
+}
+
+// The bf16 engine that the cpu suite runs with where no engine here has
+// bf16 (FLCE_TEST_KERNELS, support/bf16_widening_engine.h) meets the same
+// bound: sizes in {1, 17, 65}^3, every transpose pair, beta 0 and 1.
+TEST(GemmAccuracy, TheTestsBf16WideningEngine) {
+  const flce_test::Bf16WideningEngine engine(flce::cpu::default_gemm_engine(Dtype::f32));
+  const int64_t sizes[] = {1, 17, 65};
+  uint64_t seed = 500;
+  for (int64_t m : sizes)
+    for (int64_t n : sizes)
+      for (int64_t k : sizes)
+        for (int t = 0; t < 4; ++t)
+          for (float beta : {0.0f, 1.0f}) {
+            const Problem p = make_problem(m, n, k, t & 1, t & 2, beta, Dtype::bf16, seed++);
+            ASSERT_EQ(check_result(p, reference(p), run_once(&engine, p), describe(&engine, p)), 0);
+          }
 }
 
 // A beta other than 0 and 1 (not used by the backend, but part of the

@@ -1,7 +1,10 @@
 // tests/support/kernels_for_testing.cpp: FLCE_TEST_KERNELS=avx512_emulated
-// makes flce_tests run the cpu backend with the AVX-512 kernel set compiled
-// over the model of its intrinsics (simd/testing/avx512_emulated_set.h), so
-// that the plan paths only that set enables run on a CPU without AVX-512.
+// makes flce_tests run the cpu backend as on a CPU with AVX-512 and
+// AVX512-BF16, whatever this one has: with the AVX-512 kernel set compiled
+// over the model of its intrinsics (simd/testing/avx512_emulated_set.h) and,
+// where no GEMM engine here has bf16, bf16 GEMMs widened to f32
+// (bf16_widening_engine.h). So the plan paths only that CPU takes (grad_W by
+// gemm_tn and gemm_tn_bf16, bf16 G, packed scores) run on CI's AVX2 machine.
 // The ctest cpu_backend_isa_avx512_emulated sets it (tests/CMakeLists.txt).
 // Set before main (gtest_main's), so before any plan is made; any other
 // value stops the binary rather than run the default set under its name.
@@ -9,7 +12,9 @@
 #include <cstdlib>
 #include <string>
 
+#include "cpu/gemm/gemm.h"
 #include "simd/dispatch.h"
+#include "support/bf16_widening_engine.h"
 #if defined(FLCE_TESTS_HAVE_AVX512_EMULATED)
 #include "simd/testing/avx512_emulated_set.h"
 #endif
@@ -36,8 +41,13 @@ const bool kernels_set = [] {
     std::exit(2);
   }
   flce::simd::set_best_kernels_for_testing(set);
-  std::fprintf(stderr, "flce_tests: the cpu backend runs the kernel set \"%s\" (FLCE_TEST_KERNELS)\n",
-               set->isa);
+  using flce::cpu::default_gemm_engine;
+  if (default_gemm_engine(flce::Dtype::bf16) == nullptr) {
+    static const flce_test::Bf16WideningEngine bf16(default_gemm_engine(flce::Dtype::f32));
+    flce::cpu::set_bf16_gemm_engine_for_testing(&bf16);
+  }
+  std::fprintf(stderr, "flce_tests (FLCE_TEST_KERNELS): the cpu backend runs the kernel set \"%s\", bf16 GEMMs on %s\n",
+               set->isa, default_gemm_engine(flce::Dtype::bf16)->describe().c_str());
   return true;
 }();
 
