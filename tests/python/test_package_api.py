@@ -370,7 +370,11 @@ def _problem():
     (lambda x, w, y: (x, w, y + V), ValueError, r"labels\[0\] = \d+ is outside \[0, V\) with V = 11"),
     (lambda x, w, y: (x, w[:, :3], y), ValueError, r"^w: shape \[11, 3\] does not match x"),
     (lambda x, w, y: (x, w, y[:3]), ValueError, r"^labels: shape \[3\] does not match N = 7"),
-    (lambda x, w, y: (x, w, y.astype(np.float32)), ValueError, r"^labels: dtype f32 is not accepted"),
+    # (The library's message named int64 and int32 only.)
+    (lambda x, w, y: (x, w, y.astype(np.float32)), ValueError, r"^labels: dtype float32 is not accepted; "
+     r"labels are integers \(int64, int32, or a narrower integer type, copied to int64\)$"),
+    (lambda x, w, y: (x, w, torch.from_numpy(y).half()), ValueError,
+     r"^labels: dtype torch.float16 is not accepted; labels are integers"),
     # (It listed the float dtypes, as for any argument.)
     (lambda x, w, y: (x, w, y > 3), TypeError, r"^labels: dtype bool is not a class index; labels are "
      r"integers \(int64, int32, or a narrower integer type, copied to int64\)$"),

@@ -14,7 +14,8 @@ bfloat16, so numpy.uint16 arrays are read as bfloat16 bit patterns
 float16 is IEEE half. The semantics of every number are the README's.
 
 Errors: ValueError for bad values, shapes, options and dtypes an argument
-does not take (the C++ library's message, verbatim), TypeError for
+does not take (the C++ library's message, verbatim; for float labels this
+layer's, which names the narrower integers it also takes), TypeError for
 arguments that are not arrays, or of a dtype flce has none of (bool,
 complex). A call the float64 reference ran because the cpu backend
 declined it (no float64 input, no backend named) warns, with the reason.
@@ -160,15 +161,23 @@ _INPUT_NAMES = ("x", "w", "bias", "logits", "labels", "token_weights", "class_we
                 "grad_loss", "grad_lse", "grad_entropy", "lse")
 
 
+_LABEL_DTYPES = "labels are integers (int64, int32, or a narrower integer type, copied to int64)"
+
+
 def _as_class_indices(labels):
     """Labels of an integer dtype other than int32 and int64 (numpy's uint16
     would otherwise read as bfloat16 bits; int8, uint8, ...) as an int64
-    copy; bool labels refused here (the generic message listed the float
-    dtypes); other labels as they are, for the library to judge."""
+    copy; bool and floating-point labels refused here, naming the integer
+    dtypes this layer takes (the library's message named int64 and int32
+    only, or listed the float dtypes for bool); other labels as they are,
+    for the library to judge."""
     if (isinstance(labels, np.ndarray) and labels.dtype == np.bool_) or \
             (_arrays.is_torch(labels) and labels.dtype == _arrays.torch_bool()):
-        raise TypeError("labels: dtype bool is not a class index; labels are integers (int64, "
-                        "int32, or a narrower integer type, copied to int64)")
+        raise TypeError(f"labels: dtype bool is not a class index; {_LABEL_DTYPES}")
+    if (isinstance(labels, np.ndarray) and labels.dtype.kind == "f") or \
+            (_arrays.is_torch(labels) and labels.is_floating_point()):
+        name = labels.dtype.name if isinstance(labels, np.ndarray) else str(labels.dtype)
+        raise ValueError(f"labels: dtype {name} is not accepted; {_LABEL_DTYPES}")
     if isinstance(labels, np.ndarray) and labels.dtype.kind in "iu" and \
             labels.dtype.newbyteorder("=") not in (np.dtype(np.int32), np.dtype(np.int64)):
         if labels.size and labels.dtype.kind == "u" and labels.max() > np.iinfo(np.int64).max:
