@@ -211,6 +211,12 @@ def test_mixed_storage_on_the_cpu_warns_that_the_reference_runs():
     with pytest.warns(UserWarning, match=r"reference backend .* cpu: softcap = 1e-39") as got:
         linear_cross_entropy(x, w, y, softcap=1e-39)
     assert [r.filename for r in got] == [__file__]
+    # Once per step, also where backward computes the gradients (it warned
+    # again at loss.backward()).
+    xg = x.detach().clone().requires_grad_(True)
+    with pytest.warns(UserWarning, match=r"reference backend .* cpu: softcap = 1e-39") as got:
+        linear_cross_entropy(xg, w, y, softcap=1e-39, grads_in_forward=False).backward()
+    assert len(got) == 1 and xg.grad is not None
 
 
 def test_the_module_shows_its_settings():

@@ -159,6 +159,12 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
             r = flce.forward(x, w, labels, **args)
         ctx.save_for_backward(x, w, bias, labels, token_weights, class_weights, r.lse)
         ctx.config = config
+        # Where the reference ran this with no backend named (the cpu backend
+        # declined it, and flce warned), backward names it: the same backend,
+        # and the note on the fallback once, not again at loss.backward().
+        ctx.run = config.run
+        if r.backend == "reference" and config.run["backend"] is None and config.run["gemm"] is None:
+            ctx.run = dict(config.run, backend="reference")
         ctx.loss_shape = tuple(r.loss.shape)
         return (r.loss, r.lse, r.entropy) if config.want_entropy else (r.loss, r.lse)
 
@@ -209,8 +215,7 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
         r = flce.backward(x, w, labels, lse, bias=bias, token_weights=token_weights,
                           class_weights=class_weights, grad_loss=grad_loss, grad_lse=grad_lse,
                           grad_entropy=grad_entropy, grads=wanted,
-                          grad_dtype=_grad_dtype(x, w, bias), **ctx.config.options,
-                          **ctx.config.run)
+                          grad_dtype=_grad_dtype(x, w, bias), **ctx.config.options, **ctx.run)
         return tuple(_in_param_dtypes(r, wanted, x, w, bias)) + (None,) * 4
 
 
