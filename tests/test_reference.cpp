@@ -3,6 +3,7 @@
 // against finite differences; and the policy itself against a plain float32
 // implementation.
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -457,14 +458,14 @@ TEST(ReferenceEdge, LargeLogits) {
   check_all_passes(Case::head(5, 6, 9).logit_scale(100));
 }
 
-TEST(ReferenceEdge, ShiftingARowsLogitsMovesWhatDependsOnTheirDifferencesByLseRoundingOnly) {
+TEST(ReferenceEdge, ShiftingARowsLogitsChangesNoBitOfWhatDependsOnTheirDifferences) {
   // logp, the entropy, a loss without z-loss and G are functions of a row's
-  // logit differences d_ij = s_ij - max_j s_ij. Adding 2^13 .. 2^16 to a
-  // row, exactly (logits on a grid of 2^-16, so every d_ij stays exact),
-  // changes only lse's rounding: lse_i - max moves by at most 2u|lse_i| <=
-  // 2u 2^17, and these outputs by at most that times 1 + the row's range
-  // of logits (< 16 here), relative to the largest of each output. H_i
-  // formed as lse_i - sum_j p_ij s_ij moved by 6e-9 relative at 1e4.
+  // logit differences d_ij = s_ij - max_j s_ij, and the reference forms them
+  // from the d_ij alone (lse_d = log sum_j e^d_ij, not lse_i - max). Adding
+  // 2^13 .. 2^16 to a row, exactly (logits on a grid of 2^-16, so every d_ij
+  // stays exact), changes none of their bits. (H_i formed as lse_i - sum_j
+  // p_ij s_ij moved by 6e-9 relative at 1e4; formed from lse_i - max, by
+  // lse's rounding, up to 2u|lse_i| times 1 + the row's range of logits.)
   const Case c = Case::logits(4, 37, 3).label_smoothing(0.1).with_class_weights()
                      .with_grad_entropy().with_grad_lse().reduction(Reduction::none);
   DenseProblem d = c.problem();
@@ -475,20 +476,42 @@ TEST(ReferenceEdge, ShiftingARowsLogitsMovesWhatDependsOnTheirDifferencesByLseRo
   const Outputs a = run(d, c.storage(), Pass::loss_and_grad);
   const Outputs b = run(shifted, c.storage(), Pass::loss_and_grad);
   ASSERT_TRUE(a.status.ok() && b.status.ok()) << a.status.error << b.status.error;
-  const double tol = 2 * 0x1p-53 * 0x1p17 * (1 + 16);
-  const auto expect_close = [&](const char* name, const std::vector<double>& x,
-                                const std::vector<double>& y) {
-    ASSERT_EQ(x.size(), y.size()) << name;
-    double scale = 0;  // norm-wise: a G entry near 0 may be a difference of p terms
-    for (double v : x) scale = std::max(scale, std::fabs(v));
-    for (size_t k = 0; k < x.size(); ++k)
-      EXPECT_LE(std::fabs(x[k] - y[k]), tol * scale) << name << "[" << k << "]";
-  };
-  expect_close("logprob", a.logprob, b.logprob);
-  expect_close("entropy", a.entropy, b.entropy);
-  expect_close("loss", a.loss, b.loss);
-  expect_close("grad_logits", a.grad_logits, b.grad_logits);
+  EXPECT_TRUE(identical("logprob", a.logprob, b.logprob));
+  EXPECT_TRUE(identical("entropy", a.entropy, b.entropy));
+  EXPECT_TRUE(identical("loss", a.loss, b.loss));
+  EXPECT_TRUE(identical("grad_logits", a.grad_logits, b.grad_logits));
   check(shifted, c.storage());
+}
+
+TEST(ReferenceEdge, ARowMaskedWholeIsUniform) {
+  // Every logit of a row at -1e30 or -FLT_MAX (a mask by the most negative
+  // float), or -1e17: p_ij = 1/V as for any common value, though lse_i
+  // rounds to the logit itself (its ulp dwarfs log V). The loss and the
+  // entropy are log V, logp -log V, G = (p - [j = y]) / N for the mean; a
+  // backward from that saved lse gives the same bits. (lse_i - max gave 0:
+  // p_ij = 1 for every j, a loss of 0 and G rows summing to (V - 1) / N.)
+  DenseProblem d;
+  d.n = 3, d.v = 5, d.logits_entry = true;
+  d.labels = {0, 3, 4};
+  for (double z : {-1e30, -double(FLT_MAX), -1e17}) d.logits.insert(d.logits.end(), 5, z);
+  const Storage st;
+  const Outputs both = run(d, st, Pass::loss_and_grad);
+  ASSERT_TRUE(both.status.ok()) << both.status.error;
+  const double log_v = std::log(5.0), u = 0x1p-53;
+  EXPECT_NEAR(both.loss[0], log_v, 4 * u * log_v);
+  for (int64_t i = 0; i < d.n; ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(both.lse[i], d.logits[i * 5]);
+    EXPECT_NEAR(both.entropy[i], log_v, 4 * u * log_v);
+    EXPECT_NEAR(both.logprob[i], -log_v, 4 * u * log_v);
+    for (int64_t j = 0; j < d.v; ++j)
+      EXPECT_NEAR(both.grad_logits[i * 5 + j], (0.2 - (j == d.labels[i])) / 3, 4 * u);
+  }
+  // (No check(): the policy's bounds at |s| near FLT_MAX overflow to NaN.)
+  const Outputs fwd = run(d, st, Pass::forward);
+  const Outputs bwd = run(d, st, Pass::backward, 0, fwd.lse);
+  ASSERT_TRUE(fwd.status.ok() && bwd.status.ok()) << fwd.status.error << bwd.status.error;
+  EXPECT_TRUE(identical("grad_logits", bwd.grad_logits, both.grad_logits));
 }
 
 TEST(ReferenceEdge, MeanWithZeroDenominatorDropsSmoothingAndZLossToo) {

@@ -152,14 +152,15 @@ void compute_scores(const Context& c, int64_t i0, int64_t rows, const Scratch& s
 // p, logp and the entropy are differences of scores, so they are formed
 // from d_ij = s_ij - shift and lse_i - shift, never from two large
 // numbers whose rounding cancels (with logits near 1e4, H_i = lse_i -
-// sum_j p_ij s_ij lost 8 digits). What is left of a large shift is lse's
-// own rounding, u |lse_i| in lse_i - shift.
+// sum_j p_ij s_ij lost 8 digits). lse_d is log sum_j exp(d_ij) itself, not
+// lse_i - shift: lse_i's rounding at a large shift would lose it (a row
+// masked whole with -1e30 has lse_i = -1e30 exactly, and lse_i - shift = 0
+// gave p_ij = 1 for every j, a loss of 0 and gradients summing to V - 1).
 struct RowStats {
   int64_t argmax = 0;
   double shift = 0;
-  double lse = 0;        // log sum_j exp(s_ij)
-  double lse_d = 0;      // lse - shift, from the lse a backward reads, so that G's bits
-                         // are the same from a saved lse as in loss_and_grad
+  double lse = 0;        // log sum_j exp(s_ij) = shift + lse_d
+  double lse_d = 0;      // log sum_j exp(s_ij - shift); see row_stats for a backward
   double sbar_d = 0;     // sum_j p_ij d_ij
   double logp_y = 0;     // d_iy - lse_d (0 when ignored)
   double sum_clogp = 0;  // sum_j c_j logp_ij
@@ -181,7 +182,8 @@ void max_and_lse(const double* s, int64_t V, RowStats* st) {
   st->shift = std::isfinite(m) ? m : 0.0;
   double sum = 0;
   for (int64_t j = 0; j < V; ++j) sum += std::exp(st->d(s[j]));
-  st->lse = st->shift + std::log(sum);
+  st->lse_d = std::log(sum);
+  st->lse = st->shift + st->lse_d;
 }
 
 // Terms with p_ij = 0 (s_ij = -Inf) contribute nothing to sums of p * s.
@@ -191,8 +193,14 @@ RowStats row_stats(const Context& c, const double* s, int64_t i, int64_t y) {
   const int64_t V = c.d.v;
   RowStats st;
   max_and_lse(s, V, &st);
-  if (c.pass == Pass::backward) st.lse = load(c.p.lse, i);  // the saved lse
-  st.lse_d = st.lse - st.shift;
+  if (c.pass == Pass::backward) {
+    // The saved lse. Where it is this row's own (the bits forward gives),
+    // lse_d stays as computed, so G's bits are those of loss_and_grad; any
+    // other lse (rounded to f32, or a kernel's own) is taken as given.
+    const double saved = load(c.p.lse, i);
+    if (!(saved == st.lse)) st.lse_d = saved - st.shift;
+    st.lse = saved;
+  }
   for (int64_t j = 0; j < V; ++j) {
     st.sbar_d += p_times(st.p(s[j]), st.d(s[j]));
     if (c.e > 0) st.sum_clogp += c.class_w[j] * (st.d(s[j]) - st.lse_d);

@@ -71,9 +71,12 @@ void row_statistics(const DenseProblem& d, int64_t i, BruteForce* r) {
   }
   r->argmax[i] = first_nan >= 0 ? first_nan : best;
 
-  // lse = m + log sum_j exp(s_j - m), m = max_j s_j.
+  // lse = m + log sum_j exp(s_j - m), m = max_j s_j. logp_j = (s_j - m) -
+  // log sum where m is finite: s_j - lse would lose log sum to lse's own
+  // rounding at a large m (a row of -1e30 logits has lse = m, so p_j = 1).
   const T m = T(s[best]);
-  T lse;
+  const bool shifted = first_nan < 0 && std::isfinite(m);
+  T lse, lse_m = 0;  // lse_m = log sum, where shifted
   if (first_nan >= 0) {
     lse = std::numeric_limits<T>::quiet_NaN();
   } else if (std::isinf(m)) {
@@ -81,7 +84,8 @@ void row_statistics(const DenseProblem& d, int64_t i, BruteForce* r) {
   } else {
     T sum = 0;
     for (int64_t j = 0; j < d.v; ++j) sum += T(std::exp(T(s[j]) - m));
-    lse = m + T(std::log(sum));
+    lse_m = T(std::log(sum));
+    lse = m + lse_m;
   }
   r->lse[i] = lse;
 
@@ -89,7 +93,7 @@ void row_statistics(const DenseProblem& d, int64_t i, BruteForce* r) {
   // cancel two numbers as large as the logits.
   T mean_s = 0, entropy = 0;  // mu_i = sum_j p_ij s_ij
   for (int64_t j = 0; j < d.v; ++j) {
-    const T logp = T(s[j]) - lse, p = T(std::exp(logp));
+    const T logp = shifted ? (T(s[j]) - m) - lse_m : T(s[j]) - lse, p = T(std::exp(logp));
     r->logp[i * d.v + j] = logp;
     r->p[i * d.v + j] = p;
     mean_s += expect_term(p, T(s[j]));

@@ -158,10 +158,14 @@ def _exact_rows(d, rows):
     argmax = np.where(any_nan, first_nan, best)
     m = np.where(nan, -np.inf, s).max(axis=1)
     finite_m = np.where(np.isinf(m), 0.0, m)
-    lse = finite_m + np.log(np.exp(s - finite_m[:, None]).sum(axis=1))
+    lse_m = np.log(np.exp(s - finite_m[:, None]).sum(axis=1))
+    lse = finite_m + lse_m
     lse = np.where(np.isinf(m), m, lse)
     lse = np.where(any_nan, np.nan, lse)
-    logp = s - lse[:, None]
+    # (s - m) - log sum where m is finite, as the C++ brute force: s - lse
+    # would lose log sum to lse's rounding at a large m (a row of -1e30).
+    shifted = (np.isfinite(m) & ~any_nan)[:, None]
+    logp = np.where(shifted, (s - finite_m[:, None]) - lse_m[:, None], s - lse[:, None])
     p = np.exp(logp)
     mu = pw(p, s).sum(axis=1)
     return dict(z=z, s=s, m_abs=mag, argmax=argmax, lse=lse, logp=logp, p=p, mu=mu,
