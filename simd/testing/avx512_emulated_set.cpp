@@ -6,7 +6,10 @@
 #include "simd/isa_kernels.h"
 
 // Without the renames these would be the real AVX-512 kernels.
-#if !defined(f32_exp__avx512) || !defined(f32_unpack_scores__avx512)
+#if !defined(f32_exp__avx512) || !defined(f32_scores__avx512) || !defined(f32_online_softmax__avx512) || \
+    !defined(f32_dlogits__avx512) || !defined(f32_gemm_tn__avx512) ||                           \
+    !defined(bf16_gemm_tn__avx512bf16) || !defined(f32_pack_scores__avx512) ||                  \
+    !defined(f32_unpack_scores__avx512)
 #error "compile with the renaming definitions of tests/CMakeLists.txt (flce_simd_avx512_emulated)"
 #endif
 

@@ -3,8 +3,9 @@
 // only: with it (and the emulated AVX-512 set, kernels_for_testing.cpp) the
 // cpu backend's bf16-G paths (packed scores, grad_x by tile, the bf16 copies
 // of G, gemm_tn_bf16) run on a CPU where no engine has bf16. Its products
-// are those of an engine with bf16 dot products: bf16 x bf16 is exact in
-// f32, and the sums are f32 (oneDNN's, in another order).
+// are those of an engine with bf16 dot products up to the order of the f32
+// sums: bf16 x bf16 is exact in f32 (barring under- and overflow), but
+// subnormals are kept, where vdpbf16ps flushes them.
 #pragma once
 
 #include "cpu/gemm/gemm.h"

@@ -1,10 +1,12 @@
 // tests/support/kernels_for_testing.cpp: FLCE_TEST_KERNELS=avx512_emulated
-// makes flce_tests run the cpu backend as on a CPU with AVX-512 and
+// makes flce_tests plan the cpu backend's runs as on a CPU with AVX-512 and
 // AVX512-BF16, whatever this one has: with the AVX-512 kernel set compiled
 // over the model of its intrinsics (simd/testing/avx512_emulated_set.h) and,
 // where no GEMM engine here has bf16, bf16 GEMMs widened to f32
-// (bf16_widening_engine.h). So the plan paths only that CPU takes (grad_W by
-// gemm_tn and gemm_tn_bf16, bf16 G, packed scores) run on CI's AVX2 machine.
+// (bf16_widening_engine.h). So the plan paths only such a CPU takes (grad_W
+// by gemm_tn and gemm_tn_bf16, bf16 G, packed scores) run on CI's AVX2
+// machine. The rest still sees this CPU: oneDNN's own kernels, and the
+// target_clones copies in src/cpu/operands.cpp.
 // The ctest cpu_backend_isa_avx512_emulated sets it (tests/CMakeLists.txt).
 // Set before main (gtest_main's), so before any plan is made; any other
 // value stops the binary rather than run the default set under its name.
@@ -43,8 +45,9 @@ const bool kernels_set = [] {
   flce::simd::set_best_kernels_for_testing(set);
   using flce::cpu::default_gemm_engine;
   if (default_gemm_engine(flce::Dtype::bf16) == nullptr) {
-    static const flce_test::Bf16WideningEngine bf16(default_gemm_engine(flce::Dtype::f32));
-    flce::cpu::set_bf16_gemm_engine_for_testing(&bf16);
+    // Never freed: plans may use it until the process ends.
+    flce::cpu::set_bf16_gemm_engine_for_testing(
+        new flce_test::Bf16WideningEngine(default_gemm_engine(flce::Dtype::f32)));
   }
   std::fprintf(stderr, "flce_tests (FLCE_TEST_KERNELS): the cpu backend runs the kernel set \"%s\", bf16 GEMMs on %s\n",
                set->isa, default_gemm_engine(flce::Dtype::bf16)->describe().c_str());

@@ -1,9 +1,12 @@
 // simd/testing/avx512_emulation/immintrin.h: a plain C++ model, lane by
 // lane, of the AVX-512 intrinsics that simd/avx512/ uses, so that those
 // kernels run and are checked on a CPU without AVX-512 (this CI machine).
-// The emulated test (simd/testing/avx512_emulated_test_main.cpp) compiles
-// the unchanged simd/avx512/*.cpp with this directory first on the include
-// path, so their `#include <immintrin.h>` lands here; nothing else sees it.
+// The library flce_simd_avx512_emulated (tests/CMakeLists.txt;
+// simd/testing/avx512_emulated_set.h) compiles the unchanged
+// simd/avx512/*.cpp with this directory first on the include path, so their
+// `#include <immintrin.h>` lands here; the emulated test's main includes it
+// for the counter below; nothing else sees it. The intrinsics have internal
+// linkage, so no copy the compiler emits can meet one of another TU.
 //
 // Semantics follow the Intel SDM for each instruction. Where a kernel could
 // lean on the hardware, the model is stricter:
@@ -128,6 +131,8 @@ inline float bf16_value(uint16_t h) { return flushed(from_bits(uint32_t(h) << 16
 }  // namespace avx512_emulation
 
 namespace emu_ = avx512_emulation;
+
+namespace {  // the intrinsics (see the top)
 
 inline void _mm_prefetch(const char*, int) {}
 
@@ -454,3 +459,5 @@ inline __m512 _mm512_dpbf16_ps(__m512 c, __m512bh a, __m512bh b) {
   }
   return r;
 }
+
+}  // namespace
