@@ -375,6 +375,7 @@ def _problem():
      r"labels are integers \(int64, int32, or a narrower integer type, copied to int64\)$"),
     (lambda x, w, y: (x, w, torch.from_numpy(y).half()), ValueError,
      r"^labels: dtype torch.float16 is not accepted; labels are integers"),
+    (lambda x, w, y: (x, w, y.astype(np.longdouble)), TypeError, r"^labels: numpy dtype float128"),
     # (It listed the float dtypes, as for any argument.)
     (lambda x, w, y: (x, w, y > 3), TypeError, r"^labels: dtype bool is not a class index; labels are "
      r"integers \(int64, int32, or a narrower integer type, copied to int64\)$"),

@@ -167,14 +167,16 @@ _LABEL_DTYPES = "labels are integers (int64, int32, or a narrower integer type, 
 def _as_class_indices(labels):
     """Labels of an integer dtype other than int32 and int64 (numpy's uint16
     would otherwise read as bfloat16 bits; int8, uint8, ...) as an int64
-    copy; bool and floating-point labels refused here, naming the integer
-    dtypes this layer takes (the library's message named int64 and int32
-    only, or listed the float dtypes for bool); other labels as they are,
-    for the library to judge."""
+    copy; bool and floating-point labels refused here (those of a dtype
+    flce has: longdouble gets the TypeError of any such input), naming the
+    integer dtypes this layer takes (the library's message named int64 and
+    int32 only, or listed the float dtypes for bool); other labels as they
+    are, for the library to judge."""
     if (isinstance(labels, np.ndarray) and labels.dtype == np.bool_) or \
             (_arrays.is_torch(labels) and labels.dtype == _arrays.torch_bool()):
         raise TypeError(f"labels: dtype bool is not a class index; {_LABEL_DTYPES}")
-    if (isinstance(labels, np.ndarray) and labels.dtype.kind == "f") or \
+    if (isinstance(labels, np.ndarray) and labels.dtype.kind == "f" and
+            labels.dtype.itemsize <= 8) or \
             (_arrays.is_torch(labels) and labels.is_floating_point()):
         name = labels.dtype.name if isinstance(labels, np.ndarray) else str(labels.dtype)
         raise ValueError(f"labels: dtype {name} is not accepted; {_LABEL_DTYPES}")
