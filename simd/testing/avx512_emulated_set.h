@@ -10,7 +10,8 @@
 //    scalar set (avx512_emulated_test_main.cpp);
 //  * the ctest cpu_backend_isa_avx512_emulated runs the cpu backend's tests
 //    with it (tests/support/kernels_for_testing.cpp), so the plan paths that
-//    only this set enables (grad_W by gemm_tn) run on a CPU without AVX-512.
+//    only this set enables (grad_W by gemm_tn and gemm_tn_bf16, packed
+//    scores) run on a CPU without AVX-512.
 #pragma once
 
 #include "simd/kernels.h"
