@@ -273,20 +273,29 @@ std::vector<Dtype> tested_dtypes() {
   return d;
 }
 
+// Every (m, n, k) in sizes^3, with every transpose pair and beta 0 and 1:
+// 8 |sizes|^3 problems of one dtype, seeds counting up from first_seed.
+std::vector<Problem> odd_size_problems(const std::vector<int64_t>& sizes, Dtype dtype,
+                                       uint64_t first_seed) {
+  std::vector<Problem> problems;
+  uint64_t seed = first_seed;
+  for (int64_t m : sizes)
+    for (int64_t n : sizes)
+      for (int64_t k : sizes)
+        for (int t = 0; t < 4; ++t)
+          for (float beta : {0.0f, 1.0f})
+            problems.push_back(make_problem(m, n, k, t & 1, t & 2, beta, dtype, seed++));
+  return problems;
+}
+
 // Every size in {1, 3, 17, 65}^3, every transpose pair, beta 0 and 1.
 TEST(GemmAccuracy, OddSizesAllTransposes) {
-  const int64_t sizes[] = {1, 3, 17, 65};
   for (Dtype dtype : tested_dtypes()) {
-    uint64_t seed = 1;
     int failures = 0;
-    for (int64_t m : sizes)
-      for (int64_t n : sizes)
-        for (int64_t k : sizes)
-          for (int t = 0; t < 4; ++t)
-            for (float beta : {0.0f, 1.0f}) {
-              failures += check_all_engines(make_problem(m, n, k, t & 1, t & 2, beta, dtype, seed++));
-              if (failures > 5) FAIL() << "too many failures, stopping";
-            }
+    for (const Problem& p : odd_size_problems({1, 3, 17, 65}, dtype, 1)) {
+      failures += check_all_engines(p);
+      if (failures > 5) FAIL() << "too many failures, stopping";
+    }
   }
 }
 
@@ -316,16 +325,8 @@ TEST(GemmAccuracy, BackendShapes) {
 // bound: sizes in {1, 17, 65}^3, every transpose pair, beta 0 and 1.
 TEST(GemmAccuracy, TheTestsBf16WideningEngine) {
   const flce_test::Bf16WideningEngine engine(flce::cpu::default_gemm_engine(Dtype::f32));
-  const int64_t sizes[] = {1, 17, 65};
-  uint64_t seed = 500;
-  for (int64_t m : sizes)
-    for (int64_t n : sizes)
-      for (int64_t k : sizes)
-        for (int t = 0; t < 4; ++t)
-          for (float beta : {0.0f, 1.0f}) {
-            const Problem p = make_problem(m, n, k, t & 1, t & 2, beta, Dtype::bf16, seed++);
-            ASSERT_EQ(check_result(p, reference(p), run_once(&engine, p), describe(&engine, p)), 0);
-          }
+  for (const Problem& p : odd_size_problems({1, 17, 65}, Dtype::bf16, 500))
+    ASSERT_EQ(check_result(p, reference(p), run_once(&engine, p), describe(&engine, p)), 0);
 }
 
 // A beta other than 0 and 1 (not used by the backend, but part of the
