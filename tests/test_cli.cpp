@@ -12,9 +12,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <initializer_list>
-#include <iterator>
 #include <map>
 #include <set>
 #include <string>
@@ -22,6 +20,7 @@
 
 #include "flce/flce.h"
 #include "io/npy.h"
+#include "support/cli_process.h"
 #include "support/npy_files.h"
 
 namespace {
@@ -38,21 +37,9 @@ constexpr int64_t N = 4, H = 3, V = 5;
 using Args = std::vector<std::string>;
 using FileSet = std::set<std::string>;
 
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-}
-
-struct Result {
-  int code = -1;  // exit status; -1 when killed by a signal
-  std::string out, err;
-};
+using Result = flce_test::CliResult;
+using flce_test::shell_quote;
+using flce_test::slurp;
 
 std::vector<double> x_values() {
   std::vector<double> v;
@@ -96,18 +83,7 @@ class Cli : public ::testing::Test {
 
   // Runs the binary with `a` (and `env`, "NAME=value ..." put in front).
   Result run(const Args& a, const std::string& env = "") {
-    std::string cmd;
-    if (!env.empty()) cmd.append("env ").append(env).append(" ");
-    cmd += quote(FLCE_CLI_PATH);
-    for (const std::string& s : a) cmd.append(" ").append(quote(s));
-    const std::string o = tmp.file("stdout.txt"), e = tmp.file("stderr.txt");
-    cmd.append(" >").append(quote(o)).append(" 2>").append(quote(e)).append(" </dev/null");
-    const int status = std::system(cmd.c_str());
-    Result r;
-    if (status != -1 && WIFEXITED(status)) r.code = WEXITSTATUS(status);
-    r.out = slurp(o);
-    r.err = slurp(e);
-    return r;
+    return flce_test::run_cli(a, tmp.path(), env);
   }
 
   // `args` with --flag set to value (replaced when present, else added).
@@ -256,7 +232,7 @@ TEST_F(CliCommands, UnwritableStdoutFails) {
   if (access("/dev/full", W_OK) != 0) GTEST_SKIP() << "no writable /dev/full on this machine";
   for (const char* command : {"backends", "--version"}) {
     const std::string e = tmp.file("stderr.txt");
-    const std::string cmd = quote(FLCE_CLI_PATH) + " " + command + " >/dev/full 2>" + quote(e);
+    const std::string cmd = shell_quote(FLCE_CLI_PATH) + " " + command + " >/dev/full 2>" + shell_quote(e);
     const int status = std::system(cmd.c_str());
     ASSERT_TRUE(status != -1 && WIFEXITED(status)) << command;
     EXPECT_EQ(WEXITSTATUS(status), 2) << command;

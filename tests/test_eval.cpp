@@ -15,8 +15,6 @@
 // - EvalErrors: bad inputs exit 2 naming the flag, and --out is untouched.
 // - EvalMemory: resident memory does not grow with N.
 #include <gtest/gtest.h>
-#include <fcntl.h>
-#include <pty.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -29,7 +27,6 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -38,6 +35,7 @@
 #include "flce/flce.h"
 #include "io/npy.h"
 #include "io/npy_map.h"
+#include "support/cli_process.h"
 #include "support/npy_files.h"
 
 namespace {
@@ -55,36 +53,11 @@ namespace fs = std::filesystem;
 #define EXPECT_HAS(text, part) \
   EXPECT_NE((text).find(part), std::string::npos) << "missing '" << (part) << "' in: " << (text)
 
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-}
-
-struct Result {
-  int code = -1;  // exit status; -1 when killed by a signal
-  std::string out, err;
-};
-
-// Runs the flce binary with `args`, stdout and stderr to files (not a
-// terminal), stdin from /dev/null.
-Result run_cli(const Args& args, const std::string& scratch) {
-  std::string cmd = quote(FLCE_CLI_PATH);
-  for (const std::string& a : args) cmd.append(" ").append(quote(a));
-  const std::string o = scratch + "/stdout.txt", e = scratch + "/stderr.txt";
-  cmd.append(" >").append(quote(o)).append(" 2>").append(quote(e)).append(" </dev/null");
-  const int status = std::system(cmd.c_str());
-  Result r;
-  if (status != -1 && WIFEXITED(status)) r.code = WEXITSTATUS(status);
-  r.out = slurp(o);
-  r.err = slurp(e);
-  return r;
-}
+using Result = flce_test::CliResult;
+using flce_test::run_cli;
+using flce_test::run_cli_on_terminal;
+using flce_test::slurp;
+using flce_test::spawn_cli;
 
 // The value of `key` in a one-line JSON object, as its text.
 std::string json_field(const std::string& line, const std::string& key) {
@@ -496,62 +469,6 @@ TEST_F(EvalProblem, AllRowsIgnoredGivesNullMeans) {
 // ---------------------------------------------------------------------------
 // The progress bar.
 
-// The CLI's argv for execv, FLCE_CLI_PATH first (the strings outlive the
-// pointers).
-struct CliArgv {
-  std::vector<std::string> storage;
-  std::vector<char*> argv;
-  explicit CliArgv(const Args& args) : storage{FLCE_CLI_PATH} {
-    storage.insert(storage.end(), args.begin(), args.end());
-    for (std::string& s : storage) argv.push_back(s.data());
-    argv.push_back(nullptr);
-  }
-};
-
-// Starts the CLI with stdin and stdout on /dev/null and stderr into
-// `err_file` (/dev/null when empty); its pid, or -1.
-pid_t spawn_cli(const Args& args, const std::string& err_file = "") {
-  CliArgv cli(args);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    const int null = ::open("/dev/null", O_RDWR);
-    const int err =
-        err_file.empty() ? null : ::open(err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(null, 0);
-    ::dup2(null, 1);
-    ::dup2(err, 2);
-    ::execv(FLCE_CLI_PATH, cli.argv.data());
-    ::_exit(127);
-  }
-  return pid;
-}
-
-// Runs the binary on a pseudo-terminal (stdout and stderr both on it) and
-// returns everything it printed.
-std::string run_on_terminal(const Args& args, int* code) {
-  CliArgv cli(args);
-  int master = -1;
-  const pid_t pid = ::forkpty(&master, nullptr, nullptr, nullptr);
-  if (pid == 0) {
-    ::execv(FLCE_CLI_PATH, cli.argv.data());
-    ::_exit(127);
-  }
-  std::string text;
-  if (pid < 0) return text;
-  char buf[4096];
-  for (;;) {
-    const ssize_t got = ::read(master, buf, sizeof buf);
-    if (got > 0) text.append(buf, size_t(got));
-    else if (got < 0 && errno == EINTR) continue;
-    else break;  // EIO once the child has exited and the terminal closed
-  }
-  ::close(master);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  *code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return text;
-}
-
 TEST_F(EvalProblem, ProgressBarOnlyOnATerminal) {
   const Args a = {"eval", "--x", tmp.file("x.npy"), "--w", tmp.file("w.npy"), "--labels",
                   tmp.file("y.npy"), "--block-rows", "5"};
@@ -561,7 +478,7 @@ TEST_F(EvalProblem, ProgressBarOnlyOnATerminal) {
   EXPECT_EQ(piped.out.find("tok/s"), std::string::npos);
 
   int code = -1;
-  const std::string tty = run_on_terminal(a, &code);
+  const std::string tty = run_cli_on_terminal(a, &code);
   EXPECT_EQ(code, 0) << tty;
   EXPECT_HAS(tty, "\r[########################] 37/37 rows 100.0%");
   EXPECT_HAS(tty, " tok/s ");
@@ -569,7 +486,7 @@ TEST_F(EvalProblem, ProgressBarOnlyOnATerminal) {
 
   Args quiet = a;
   quiet.push_back("--no-progress");
-  const std::string silent = run_on_terminal(quiet, &code);
+  const std::string silent = run_cli_on_terminal(quiet, &code);
   EXPECT_EQ(code, 0) << silent;
   EXPECT_EQ(silent.find("tok/s"), std::string::npos) << silent;
   EXPECT_HAS(silent, "mean loss: ");
