@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <initializer_list>
 #include <map>
@@ -305,6 +306,48 @@ TEST_F(CliCommands, BenchComparesWithTheGemmOnlyWhereTheCpuBackendRan) {
   EXPECT_NE(r.out.find("\"gemm_seconds\": null, \"ratio_to_gemm\": null"), std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("\"gemm\": null"), std::string::npos) << r.out;
+}
+
+// Each call's time on stderr as it ends, only on a terminal: a step of the
+// production shape takes minutes, and the JSON comes after every call.
+// Piped, stderr stays empty and stdout is the one JSON line.
+TEST_F(CliCommands, BenchShowsEachCallOnlyOnATerminal) {
+  const Args small = {"bench", "--n", "64", "--h", "32", "--v", "300", "--reps", "2",
+                      "--threads", "1"};
+  const Result piped = run(small);
+  ASSERT_EQ(piped.code, 0) << piped.err;
+  EXPECT_EQ(piped.err, "");
+  EXPECT_EQ(std::count(piped.out.begin(), piped.out.end(), '\n'), 1) << piped.out;
+
+  int code = -1;
+  const std::string tty = flce_test::run_cli_on_terminal(small, &code);
+  ASSERT_EQ(code, 0) << tty;
+  // Each line names the call, then its seconds; the JSON comes last.
+  for (const char* line : {"flce bench: generating the problem ... ", "flce bench: warm-up ... ",
+                           "flce bench: logits GEMM, warm-up ... ", "flce bench: call 1/2 ... ",
+                           "flce bench: logits GEMM 1/2 ... ", "flce bench: call 2/2 ... ",
+                           "flce bench: logits GEMM 2/2 ... "}) {
+    const size_t at = tty.find(line);
+    ASSERT_NE(at, std::string::npos) << "missing '" << line << "' in: " << tty;
+    const size_t end = tty.find('\n', at);
+    char* after = nullptr;
+    const std::string tail = tty.substr(at + std::strlen(line), end - at - std::strlen(line));
+    const double seconds = std::strtod(tail.c_str(), &after);
+    EXPECT_GE(seconds, 0.0) << tail;
+    EXPECT_EQ(std::string(after), " s\r") << tail;  // the terminal's \r\n
+  }
+  EXPECT_LT(tty.rfind("flce bench: "), tty.find("{\"n\": 64")) << tty;
+
+  // A failure ends the line of the call it stopped before its message.
+  const std::string failed = flce_test::run_cli_on_terminal(
+      plus(small, {"--pass", "bwd", "--backend", "no-such-backend"}), &code);
+  EXPECT_EQ(code, 2) << failed;
+  EXPECT_NE(failed.find(" ...\r\nflce bench: error: "), std::string::npos) << failed;
+
+  const std::string quiet = flce_test::run_cli_on_terminal(plus(small, {"--no-progress"}), &code);
+  EXPECT_EQ(code, 0) << quiet;
+  EXPECT_EQ(quiet.find("flce bench: "), std::string::npos) << quiet;
+  EXPECT_NE(quiet.find("{\"n\": 64"), std::string::npos) << quiet;
 }
 
 // ---------------------------------------------------------------------------

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <new>
 #include <string>
 #include <utility>
@@ -48,6 +49,7 @@ const std::vector<Flag>& bench_flags() {
       {"warmup", "W", "untimed calls before them, 0 or 1 (default 1; 0 for shapes that take minutes)"},
       {"backend", "NAME", "force a backend (default: the first that accepts)"},
       {"gemm", "NAME", "the GEMM engine: openblas|onednn|eigen for cpu, cublas for cuda"},
+      {"no-progress", nullptr, "never show each call's time on stderr (shown only when stderr is a terminal)"},
       {"help", nullptr, "show this help"},
   };
   return flags;
@@ -61,6 +63,54 @@ struct Timing {
   double median = 0, min = 0;
 };
 
+// One line on stderr per call, as it runs: what is running, then its
+// seconds when it ends. A step of the production shape takes minutes on a
+// CPU, and the JSON comes only after every call. Off unless stderr is a
+// terminal (and --no-progress is not given), so piped output is unchanged.
+class CallProgress {
+ public:
+  explicit CallProgress(bool enabled) : enabled_(enabled) {}
+  ~CallProgress() {  // an error's message goes on a line of its own
+    if (open_) std::fputc('\n', stderr);
+  }
+  CallProgress(const CallProgress&) = delete;
+  CallProgress& operator=(const CallProgress&) = delete;
+
+  // Shows `what`, runs timed() (which returns its seconds), shows them.
+  template <typename Timed>
+  double show(const std::string& what, Timed&& timed) {
+    if (enabled_) {
+      std::fprintf(stderr, "flce bench: %s ...", what.c_str());
+      std::fflush(stderr);
+      open_ = true;
+    }
+    const double seconds = timed();
+    if (enabled_) {
+      std::fprintf(stderr, " %.3f s\n", seconds);
+      open_ = false;
+    }
+    return seconds;
+  }
+
+  // Runs run() and returns its wall-clock seconds, shown as `what`.
+  template <typename Run>
+  double time(const std::string& what, Run&& run) {
+    return show(what, [&] {
+      const double t0 = now();
+      run();
+      return now() - t0;
+    });
+  }
+
+ private:
+  bool enabled_, open_ = false;
+};
+
+// "label i/n", for the lines of a call repeated n times.
+std::string nth(const char* label, int i, int n) {
+  return std::string(label) + " " + std::to_string(i + 1) + "/" + std::to_string(n);
+}
+
 Timing timing_of(const std::vector<double>& seconds) {  // at least one
   return {median(seconds), *std::min_element(seconds.begin(), seconds.end())};
 }
@@ -72,11 +122,11 @@ Timing timing_of(const std::vector<double>& seconds) {  // at least one
 struct GemmTimes {
   std::function<double()> time_once;  // null: no reference
   std::vector<double> seconds;
-  void warm_up() const {
-    if (time_once) time_once();
+  void warm_up(CallProgress& progress) const {
+    if (time_once) progress.show("logits GEMM, warm-up", time_once);
   }
-  void after_rep() {
-    if (time_once) seconds.push_back(time_once());
+  void after_rep(CallProgress& progress, int rep, int reps) {
+    if (time_once) seconds.push_back(progress.show(nth("logits GEMM", rep, reps), time_once));
   }
   Timing timing() const { return seconds.empty() ? Timing{} : timing_of(seconds); }
 };
@@ -87,6 +137,7 @@ struct Setup {
   int pass = 2;  // fwd, bwd, step
   int threads = 0, reps = 5;
   bool warmup = true;
+  bool progress = false;  // CallProgress
   int data = 0;  // BenchData
   Dtype grad_dtype = Dtype::f32;
   Options options;
@@ -181,6 +232,7 @@ Setup read_setup(const Args& args) {
   check(args.get_int("warmup", &warmup));
   if (warmup != 0 && warmup != 1) throw Failure{"--warmup: " + std::to_string(warmup) + " is not 0 or 1"};
   s.warmup = warmup == 1;
+  s.progress = ::isatty(STDERR_FILENO) == 1 && !args.has("no-progress");
   s.config.threads = s.threads;
   s.config.backend = args.get("backend");
   s.config.gemm = args.get("gemm");
@@ -216,47 +268,48 @@ double relative_difference(const std::vector<double>& a, const std::vector<doubl
 // The pass's reps, each followed by one reference GEMM (GemmTimes). The
 // peak memory is the first timed call's, taken before any GEMM's buffers.
 template <typename Run>
-Timing time_pass(const Setup& s, Run&& run, PeakMemory& peak, long* peak_extra, GemmTimes& gemm) {
-  if (s.warmup) run(), gemm.warm_up();
+Timing time_pass(const Setup& s, Run&& run, PeakMemory& peak, long* peak_extra, GemmTimes& gemm,
+                 CallProgress& progress) {
+  if (s.warmup) progress.time("warm-up", run), gemm.warm_up(progress);
   std::vector<double> t;
   for (int rep = 0; rep < s.reps; ++rep) {
     if (rep == 0) peak.reset();
-    const double t0 = now();
-    run();
-    t.push_back(now() - t0);
+    t.push_back(progress.time(nth("call", rep, s.reps), run));
     if (rep == 0) *peak_extra = peak.extra_bytes();
-    gemm.after_rep();
+    gemm.after_rep(progress, rep, s.reps);
   }
   return timing_of(t);
 }
 
 template <typename Run>
 FilterReport compare_with_unfiltered(const Setup& s, const Problem& filtered, Run&& run,
-                                     PeakMemory& peak, GemmTimes& gemm, Timing* t) {
+                                     PeakMemory& peak, GemmTimes& gemm, CallProgress& progress,
+                                     Timing* t) {
   Problem unfiltered = filtered;
   unfiltered.options.filter_eps = 0;
   FilterReport r;
   r.ran = true;
-  if (s.warmup) run(unfiltered), run(filtered), gemm.warm_up();
+  if (s.warmup) {
+    progress.time("unfiltered warm-up", [&] { run(unfiltered); });
+    progress.time("filtered warm-up", [&] { run(filtered); });
+    gemm.warm_up(progress);
+  }
   std::vector<double> with, without;
   for (int rep = 0; rep < s.reps; ++rep) {
     if (rep == 0) peak.reset();
-    double t0 = now();
-    run(unfiltered);
-    without.push_back(now() - t0);
-    t0 = now();
-    run(filtered);
-    with.push_back(now() - t0);
+    without.push_back(progress.time(nth("unfiltered call", rep, s.reps), [&] { run(unfiltered); }));
+    with.push_back(progress.time(nth("filtered call", rep, s.reps), [&] { run(filtered); }));
     if (rep == 0) r.peak_extra = peak.extra_bytes();
-    gemm.after_rep();
+    gemm.after_rep(progress, rep, s.reps);
   }
   *t = timing_of(with);
   r.unfiltered = timing_of(without);
   const std::vector<double> gx = values_of(filtered.grad_x), gw = values_of(filtered.grad_w);
-  run(unfiltered);
+  progress.time("unfiltered call for the comparison", [&] { run(unfiltered); });
   r.rel_diff_grad_x = relative_difference(gx, values_of(unfiltered.grad_x));
   r.rel_diff_grad_w = relative_difference(gw, values_of(unfiltered.grad_w));
-  run(filtered);  // the last call's stats are the filtered one's
+  // The last call's stats are the filtered one's.
+  progress.time("filtered call for the comparison", [&] { run(filtered); });
   return r;
 }
 
@@ -309,10 +362,12 @@ void print_result(const Setup& s, const Timing& t, double gemm_seconds, long pea
 // device synchronize, and after each, cuBLAS' logits GEMM of the same shape
 // and dtype (GemmTimes). peak_extra_bytes is the device workspace the call
 // allocates.
-int run_bench_on_device(const Setup& s, Pass pass, BenchProblem& bp) {
+int run_bench_on_device(const Setup& s, Pass pass, BenchProblem& bp, CallProgress& progress) {
   if (pass == Pass::backward) {  // backward reads the lse a forward wrote
-    const Status fs = call_on_host_arrays(bp.problem(Pass::forward), Pass::forward, s.config);
-    if (!fs.ok()) throw Failure{fs.error};
+    progress.time("forward, for the lse the backward reads", [&] {
+      const Status fs = call_on_host_arrays(bp.problem(Pass::forward), Pass::forward, s.config);
+      if (!fs.ok()) throw Failure{fs.error};
+    });
   }
   cuda::DeviceProblem device;
   if (auto e = device.upload(bp.problem(pass), 0); !e.empty()) throw Failure{"backend = cuda: " + e};
@@ -332,7 +387,7 @@ int run_bench_on_device(const Setup& s, Pass pass, BenchProblem& bp) {
     st = call_pass(p, pass, s.config);
     if (!st.ok()) throw Failure{st.error};
     check(cuda::synchronize());
-  }, unused, &unused_peak, gemm);
+  }, unused, &unused_peak, gemm, progress);
   print_result(s, t, gemm.timing().median, long(workspace), workspace, st, "cublas", "cuda");
   return 0;
 }
@@ -340,12 +395,20 @@ int run_bench_on_device(const Setup& s, Pass pass, BenchProblem& bp) {
 int run_bench(const Args& args) {
   const Setup s = read_setup(args);
   const Pass pass = s.pass == 0 ? Pass::forward : s.pass == 1 ? Pass::backward : Pass::loss_and_grad;
-  BenchProblem bp(s.n, s.h, s.v, s.dtype, s.options, BenchData(s.data), s.grad_dtype);
-  if (wants_device(s.config)) return run_bench_on_device(s, pass, bp);
+  CallProgress progress(s.progress);
+  std::unique_ptr<BenchProblem> generated;
+  progress.time("generating the problem", [&] {
+    generated = std::make_unique<BenchProblem>(s.n, s.h, s.v, s.dtype, s.options,
+                                               BenchData(s.data), s.grad_dtype);
+  });
+  BenchProblem& bp = *generated;
+  if (wants_device(s.config)) return run_bench_on_device(s, pass, bp, progress);
   Problem p = bp.problem(pass);
   if (pass == Pass::backward) {  // backward reads the lse a forward wrote
-    const Status fs = forward(bp.problem(Pass::forward), s.config);
-    if (!fs.ok()) throw Failure{fs.error};
+    progress.time("forward, for the lse the backward reads", [&] {
+      const Status fs = forward(bp.problem(Pass::forward), s.config);
+      if (!fs.ok()) throw Failure{fs.error};
+    });
   }
   size_t workspace = 0;
   Status st = workspace_size(p, pass, s.config, &workspace);
@@ -364,13 +427,14 @@ int run_bench(const Args& args) {
   FilterReport filter;
   long peak_extra = 0;
   if (s.options.filter_eps != 0 && pass != Pass::forward) {
-    run(p);  // which backend runs it: only the cpu's filters
+    // Which backend runs it: only the cpu's filters.
+    progress.time("filtered call, to see which backend runs it", [&] { run(p); });
     if (st.backend != "cpu")
       throw filter_eps_ignored_by(st.backend);
-    filter = compare_with_unfiltered(s, p, run, peak, gemm, &t);
+    filter = compare_with_unfiltered(s, p, run, peak, gemm, progress, &t);
     peak_extra = filter.peak_extra;
   } else {
-    t = time_pass(s, [&] { run(p); }, peak, &peak_extra, gemm);
+    t = time_pass(s, [&] { run(p); }, peak, &peak_extra, gemm, progress);
   }
   const Timing g = gemm.timing();
   const bool cpu_ran = st.backend == "cpu";  // the only backend that runs the engine
@@ -395,7 +459,8 @@ int bench_command(int argc, char** argv, int first) {
                   "the two, and reports the norm-wise relative differences of the gradients.\n"
                   "With --backend cuda the problem is copied to GPU 0 once, each call is\n"
                   "timed to a device synchronize against cuBLAS' GEMM, and\n"
-                  "peak_extra_bytes is the device workspace the call allocates.\n\n"
+                  "peak_extra_bytes is the device workspace the call allocates.\n"
+                  "When stderr is a terminal, each call's time is shown there as it ends.\n\n"
                   "options:\n%s",
                   describe_flags(bench_flags()).c_str());
       return 0;
