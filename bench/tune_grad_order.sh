@@ -16,7 +16,7 @@ for round in $(seq "$rounds"); do
     for dtype in f32 bf16; do
       for order in rows vocab; do
         extra=(); [ "$dtype" = bf16 ] && extra=(--grad-logits storage)
-        FLCE_CPU_GRAD_ORDER=$order build/flce bench $shape --dtype "$dtype" "${extra[@]}" --reps 1 |
+        FLCE_CPU_GRAD_ORDER=$order build/flce bench $shape --dtype "$dtype" "${extra[@]}" --reps 1 --no-progress |
           /usr/bin/python3 -c "import json,sys; d=json.load(sys.stdin); print(f'round $round  {d[\"n\"]}x{d[\"h\"]}x{d[\"v\"]} {d[\"dtype\"]:4} $order: {d[\"seconds\"]:.3f} s, ratio {d[\"ratio_to_gemm\"] or float(\"nan\"):.3f}, peak extra {d[\"peak_extra_bytes\"]/2**20:.0f} MiB')"
       done
     done

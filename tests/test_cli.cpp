@@ -289,13 +289,17 @@ TEST_F(CliCommands, BenchFilterComparisonNeedsTheCpuBackend) {
   }
 }
 
-// One JSON line; the GEMM timed beside the pass only where the cpu backend
-// ran it (the reference's JSON named a GEMM it never used and a ratio to it).
+const Args kSmallBench = {"bench", "--n", "64", "--h", "32", "--v", "300", "--reps", "2",
+                          "--threads", "1"};
+
+// One JSON line, and nothing on stderr when it is not a terminal; the GEMM
+// timed beside the pass only where the cpu backend ran it (the reference's
+// JSON named a GEMM it never used and a ratio to it).
 TEST_F(CliCommands, BenchComparesWithTheGemmOnlyWhereTheCpuBackendRan) {
-  const Args small = {"bench", "--n", "64", "--h", "32", "--v", "300", "--reps", "2",
-                      "--threads", "1"};
+  const Args& small = kSmallBench;
   Result r = run(small);
   ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.err, "");
   EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
   EXPECT_NE(r.out.find("\"backend\": \"cpu\""), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("\"ratio_to_gemm\": null"), std::string::npos) << r.out;
@@ -308,17 +312,11 @@ TEST_F(CliCommands, BenchComparesWithTheGemmOnlyWhereTheCpuBackendRan) {
   EXPECT_NE(r.out.find("\"gemm\": null"), std::string::npos) << r.out;
 }
 
-// Each call's time on stderr as it ends, only on a terminal: a step of the
+// Each call's time on stderr as it ends, on a terminal: a step of the
 // production shape takes minutes, and the JSON comes after every call.
-// Piped, stderr stays empty and stdout is the one JSON line.
-TEST_F(CliCommands, BenchShowsEachCallOnlyOnATerminal) {
-  const Args small = {"bench", "--n", "64", "--h", "32", "--v", "300", "--reps", "2",
-                      "--threads", "1"};
-  const Result piped = run(small);
-  ASSERT_EQ(piped.code, 0) << piped.err;
-  EXPECT_EQ(piped.err, "");
-  EXPECT_EQ(std::count(piped.out.begin(), piped.out.end(), '\n'), 1) << piped.out;
-
+// (Piped, stderr stays empty: BenchComparesWithTheGemmOnlyWhereTheCpuBackendRan.)
+TEST_F(CliCommands, BenchShowsEachCallOnATerminal) {
+  const Args& small = kSmallBench;
   int code = -1;
   const std::string tty = flce_test::run_cli_on_terminal(small, &code);
   ASSERT_EQ(code, 0) << tty;

@@ -63,6 +63,14 @@ struct Timing {
   double median = 0, min = 0;
 };
 
+// What a CallProgress line names: "what", or "what i+1/n" for the i-th of
+// n calls (no string is built, so nothing is allocated between a
+// PeakMemory reset and the timed call when progress is off).
+struct CallName {
+  const char* what;
+  int i = -1, n = 0;
+};
+
 // One line on stderr per call, as it runs: what is running, then its
 // seconds when it ends. A step of the production shape takes minutes on a
 // CPU, and the JSON comes only after every call. Off unless stderr is a
@@ -76,11 +84,12 @@ class CallProgress {
   CallProgress(const CallProgress&) = delete;
   CallProgress& operator=(const CallProgress&) = delete;
 
-  // Shows `what`, runs timed() (which returns its seconds), shows them.
+  // Shows `name`, runs timed() (which returns its seconds), shows them.
   template <typename Timed>
-  double show(const std::string& what, Timed&& timed) {
+  double show(CallName name, Timed&& timed) {
     if (enabled_) {
-      std::fprintf(stderr, "flce bench: %s ...", what.c_str());
+      if (name.i >= 0) std::fprintf(stderr, "flce bench: %s %d/%d ...", name.what, name.i + 1, name.n);
+      else std::fprintf(stderr, "flce bench: %s ...", name.what);
       std::fflush(stderr);
       open_ = true;
     }
@@ -92,10 +101,10 @@ class CallProgress {
     return seconds;
   }
 
-  // Runs run() and returns its wall-clock seconds, shown as `what`.
+  // Runs run() and returns its wall-clock seconds, shown as `name`.
   template <typename Run>
-  double time(const std::string& what, Run&& run) {
-    return show(what, [&] {
+  double time(CallName name, Run&& run) {
+    return show(name, [&] {
       const double t0 = now();
       run();
       return now() - t0;
@@ -106,10 +115,6 @@ class CallProgress {
   bool enabled_, open_ = false;
 };
 
-// "label i/n", for the lines of a call repeated n times.
-std::string nth(const char* label, int i, int n) {
-  return std::string(label) + " " + std::to_string(i + 1) + "/" + std::to_string(n);
-}
 
 Timing timing_of(const std::vector<double>& seconds) {  // at least one
   return {median(seconds), *std::min_element(seconds.begin(), seconds.end())};
@@ -123,10 +128,10 @@ struct GemmTimes {
   std::function<double()> time_once;  // null: no reference
   std::vector<double> seconds;
   void warm_up(CallProgress& progress) const {
-    if (time_once) progress.show("logits GEMM, warm-up", time_once);
+    if (time_once) progress.show({"logits GEMM, warm-up"}, time_once);
   }
   void after_rep(CallProgress& progress, int rep, int reps) {
-    if (time_once) seconds.push_back(progress.show(nth("logits GEMM", rep, reps), time_once));
+    if (time_once) seconds.push_back(progress.show({"logits GEMM", rep, reps}, time_once));
   }
   Timing timing() const { return seconds.empty() ? Timing{} : timing_of(seconds); }
 };
@@ -270,11 +275,11 @@ double relative_difference(const std::vector<double>& a, const std::vector<doubl
 template <typename Run>
 Timing time_pass(const Setup& s, Run&& run, PeakMemory& peak, long* peak_extra, GemmTimes& gemm,
                  CallProgress& progress) {
-  if (s.warmup) progress.time("warm-up", run), gemm.warm_up(progress);
+  if (s.warmup) progress.time({"warm-up"}, run), gemm.warm_up(progress);
   std::vector<double> t;
   for (int rep = 0; rep < s.reps; ++rep) {
     if (rep == 0) peak.reset();
-    t.push_back(progress.time(nth("call", rep, s.reps), run));
+    t.push_back(progress.time({"call", rep, s.reps}, run));
     if (rep == 0) *peak_extra = peak.extra_bytes();
     gemm.after_rep(progress, rep, s.reps);
   }
@@ -290,26 +295,26 @@ FilterReport compare_with_unfiltered(const Setup& s, const Problem& filtered, Ru
   FilterReport r;
   r.ran = true;
   if (s.warmup) {
-    progress.time("unfiltered warm-up", [&] { run(unfiltered); });
-    progress.time("filtered warm-up", [&] { run(filtered); });
+    progress.time({"unfiltered warm-up"}, [&] { run(unfiltered); });
+    progress.time({"filtered warm-up"}, [&] { run(filtered); });
     gemm.warm_up(progress);
   }
   std::vector<double> with, without;
   for (int rep = 0; rep < s.reps; ++rep) {
     if (rep == 0) peak.reset();
-    without.push_back(progress.time(nth("unfiltered call", rep, s.reps), [&] { run(unfiltered); }));
-    with.push_back(progress.time(nth("filtered call", rep, s.reps), [&] { run(filtered); }));
+    without.push_back(progress.time({"unfiltered call", rep, s.reps}, [&] { run(unfiltered); }));
+    with.push_back(progress.time({"filtered call", rep, s.reps}, [&] { run(filtered); }));
     if (rep == 0) r.peak_extra = peak.extra_bytes();
     gemm.after_rep(progress, rep, s.reps);
   }
   *t = timing_of(with);
   r.unfiltered = timing_of(without);
   const std::vector<double> gx = values_of(filtered.grad_x), gw = values_of(filtered.grad_w);
-  progress.time("unfiltered call for the comparison", [&] { run(unfiltered); });
+  progress.time({"unfiltered call for the comparison"}, [&] { run(unfiltered); });
   r.rel_diff_grad_x = relative_difference(gx, values_of(unfiltered.grad_x));
   r.rel_diff_grad_w = relative_difference(gw, values_of(unfiltered.grad_w));
   // The last call's stats are the filtered one's.
-  progress.time("filtered call for the comparison", [&] { run(filtered); });
+  progress.time({"filtered call for the comparison"}, [&] { run(filtered); });
   return r;
 }
 
@@ -364,7 +369,7 @@ void print_result(const Setup& s, const Timing& t, double gemm_seconds, long pea
 // allocates.
 int run_bench_on_device(const Setup& s, Pass pass, BenchProblem& bp, CallProgress& progress) {
   if (pass == Pass::backward) {  // backward reads the lse a forward wrote
-    progress.time("forward, for the lse the backward reads", [&] {
+    progress.time({"forward, for the lse the backward reads"}, [&] {
       const Status fs = call_on_host_arrays(bp.problem(Pass::forward), Pass::forward, s.config);
       if (!fs.ok()) throw Failure{fs.error};
     });
@@ -397,7 +402,7 @@ int run_bench(const Args& args) {
   const Pass pass = s.pass == 0 ? Pass::forward : s.pass == 1 ? Pass::backward : Pass::loss_and_grad;
   CallProgress progress(s.progress);
   std::unique_ptr<BenchProblem> generated;
-  progress.time("generating the problem", [&] {
+  progress.time({"generating the problem"}, [&] {
     generated = std::make_unique<BenchProblem>(s.n, s.h, s.v, s.dtype, s.options,
                                                BenchData(s.data), s.grad_dtype);
   });
@@ -405,7 +410,7 @@ int run_bench(const Args& args) {
   if (wants_device(s.config)) return run_bench_on_device(s, pass, bp, progress);
   Problem p = bp.problem(pass);
   if (pass == Pass::backward) {  // backward reads the lse a forward wrote
-    progress.time("forward, for the lse the backward reads", [&] {
+    progress.time({"forward, for the lse the backward reads"}, [&] {
       const Status fs = forward(bp.problem(Pass::forward), s.config);
       if (!fs.ok()) throw Failure{fs.error};
     });
@@ -428,7 +433,7 @@ int run_bench(const Args& args) {
   long peak_extra = 0;
   if (s.options.filter_eps != 0 && pass != Pass::forward) {
     // Which backend runs it: only the cpu's filters.
-    progress.time("filtered call, to see which backend runs it", [&] { run(p); });
+    progress.time({"filtered call, to see which backend runs it"}, [&] { run(p); });
     if (st.backend != "cpu")
       throw filter_eps_ignored_by(st.backend);
     filter = compare_with_unfiltered(s, p, run, peak, gemm, progress, &t);
