@@ -133,8 +133,11 @@ TEST(Float16, CpuBf16ConversionsMatchEveryPattern) {
   }
 }
 
-// Every length and start offset around the vector widths, in place
-// (f32_to_bf16_in_place) and out of place, nothing written past the end.
+// Every length and start offset around the vector widths: in place
+// (f32_to_bf16_in_place), nothing written past the end; out of place
+// (f32_to_bf16_bits) and rounded (round_to_storage) in arrays that end
+// exactly where the n values do, so that the sanitizers catch any access
+// past them (the every-pattern test above checks the values, not this).
 TEST(Float16, CpuBf16ConversionsAnyLengthAndOffset) {
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.0f, 100.0f);
@@ -148,6 +151,15 @@ TEST(Float16, CpuBf16ConversionsAnyLengthAndOffset) {
       for (int64_t i = 0; i < n; ++i)
         ASSERT_EQ(packed[i], f32_to_bf16(before[size_t(offset + i)])) << "n " << n << " i " << i;
       for (size_t i = size_t(offset + n); i < values.size(); ++i) ASSERT_EQ(values[i], 1.5f);
+
+      std::vector<float> exact(before.begin(), before.begin() + offset + n);
+      std::vector<uint16_t> bf16_bits(size_t(offset + n));
+      cpu::f32_to_bf16_bits(exact.data() + offset, n, bf16_bits.data() + offset);
+      cpu::round_to_storage(exact.data() + offset, n, Dtype::bf16);
+      for (int64_t i = offset; i < offset + n; ++i) {
+        ASSERT_EQ(bf16_bits[size_t(i)], packed[i - offset]) << "n " << n << " i " << i;
+        ASSERT_EQ(bits(exact[size_t(i)]), uint32_t(packed[i - offset]) << 16) << "n " << n << " i " << i;
+      }
     }
 }
 
