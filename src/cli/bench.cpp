@@ -115,7 +115,6 @@ class CallProgress {
   bool enabled_, open_ = false;
 };
 
-
 Timing timing_of(const std::vector<double>& seconds) {  // at least one
   return {median(seconds), *std::min_element(seconds.begin(), seconds.end())};
 }
