@@ -31,6 +31,7 @@
 #endif
 #include "flce/flce.h"
 #include "support/agreement.h"
+#include "support/cli_process.h"
 #include "support/host_problem.h"
 #include "support/shared_cases.h"
 #include "support/npy_files.h"
@@ -855,16 +856,6 @@ TEST_F(CudaGpu, ATransposedViewOfWIsDeclinedNamingTheOtherLayout) {
 
 // ---- The command line ----------------------------------------------------------
 
-std::string command_output(const std::string& command, int* status) {
-  std::string out;
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  char buf[4096];
-  size_t got = 0;
-  while (pipe && (got = fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, got);
-  *status = pipe ? pclose(pipe) : -1;
-  return out;
-}
-
 // `flce run --backend cuda` (host .npy in, device buffers inside, .npy out)
 // against `--backend reference`: norm-wise within 1e-4, the order of the f32
 // policy's bound (V + H) u for V = 300 (agreement itself is tested above).
@@ -1279,17 +1270,18 @@ TEST_F(CudaGpu, MalformedFusedValueIsAnErrorNamingIt) {
 }
 
 // x [40, 16], W [300, 16] and labels [40] as .npy files in `tmp`: the
-// arguments that name them.
-std::string cli_problem_files(TempDir& tmp) {
+// arguments that name them, after `command`.
+flce_test::CliArgs cli_problem_files(const std::string& command, TempDir& tmp) {
   std::mt19937_64 rng(5);
   std::uniform_real_distribution<double> u(-1, 1);
   std::vector<double> x(40 * 16), w(300 * 16), y(40);
   for (double& v : x) v = u(rng);
   for (double& v : w) v = u(rng);
   for (size_t i = 0; i < y.size(); ++i) y[i] = double((i * 37) % 300);
-  return " --x " + write_array(tmp.file("x.npy"), Dtype::f32, {40, 16}, x) +
-         " --w " + write_array(tmp.file("w.npy"), Dtype::f32, {300, 16}, w) +
-         " --labels " + write_array(tmp.file("y.npy"), Dtype::i64, {40}, y);
+  return {command,
+          "--x", write_array(tmp.file("x.npy"), Dtype::f32, {40, 16}, x),
+          "--w", write_array(tmp.file("w.npy"), Dtype::f32, {300, 16}, w),
+          "--labels", write_array(tmp.file("y.npy"), Dtype::i64, {40}, y)};
 }
 
 // The arrays `names` in directories a and b agree norm-wise (the CLI's
@@ -1311,36 +1303,40 @@ void expect_same_files(const std::string& a, const std::string& b,
 
 // Runs the CLI with `args` on cuda (--out tmp/gpu) and on the reference
 // (tmp/ref); both must succeed, the first saying it ran on cuda.
-void run_on_cuda_and_reference(const std::string& args, TempDir& tmp) {
-  int status = 0;
-  std::string out = command_output(FLCE_CLI_PATH + args + " --backend cuda --out " + tmp.file("gpu"), &status);
-  ASSERT_EQ(status, 0) << out;
-  EXPECT_NE(out.find("backend: cuda"), std::string::npos) << out;
-  out = command_output(FLCE_CLI_PATH + args + " --backend reference --out " + tmp.file("ref"), &status);
-  ASSERT_EQ(status, 0) << out;
+void run_on_cuda_and_reference(flce_test::CliArgs args, std::initializer_list<std::string> extra,
+                               TempDir& tmp) {
+  args.insert(args.end(), extra);
+  flce_test::CliArgs on_cuda = args, on_reference = args;
+  on_cuda.insert(on_cuda.end(), {"--backend", "cuda", "--out", tmp.file("gpu")});
+  on_reference.insert(on_reference.end(), {"--backend", "reference", "--out", tmp.file("ref")});
+  flce_test::CliResult r = flce_test::run_cli(on_cuda, tmp.path());
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("backend: cuda"), std::string::npos) << r.out;
+  r = flce_test::run_cli(on_reference, tmp.path());
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
 }
 
 TEST_F(CudaGpu, CliRunAndBenchOnTheGpu) {
   TempDir tmp;
-  run_on_cuda_and_reference(" run" + cli_problem_files(tmp) + " --softcap 5 --grad --out-dtype f64", tmp);
+  run_on_cuda_and_reference(cli_problem_files("run", tmp),
+                            {"--softcap", "5", "--grad", "--out-dtype", "f64"}, tmp);
   expect_same_files(tmp.file("gpu"), tmp.file("ref"),
                     {"loss.npy", "lse.npy", "entropy.npy", "grad_x.npy", "grad_w.npy"});
-  int status = 0;
-  const std::string out = command_output(std::string(FLCE_CLI_PATH) +
-                           " bench --n 256 --h 64 --v 5000 --dtype bf16 --pass step --reps 3 "
-                           "--grad-logits storage --backend cuda",
-                       &status);
-  ASSERT_EQ(status, 0) << out;
-  EXPECT_NE(out.find("\"backend\": \"cuda\""), std::string::npos) << out;
-  EXPECT_NE(out.find("\"gemm\": \"cublas\""), std::string::npos) << out;
+  const flce_test::CliResult r = flce_test::run_cli(
+      {"bench", "--n", "256", "--h", "64", "--v", "5000", "--dtype", "bf16", "--pass", "step",
+       "--reps", "3", "--grad-logits", "storage", "--backend", "cuda"},
+      tmp.path());
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("\"backend\": \"cuda\""), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"gemm\": \"cublas\""), std::string::npos) << r.out;
 }
 
 // flce eval streams blocks of rows through the cuda backend, W on the GPU
 // once (it declined host memory before): three blocks, the last partial.
 TEST_F(CudaGpu, CliEvalOnTheGpu) {
   TempDir tmp;
-  run_on_cuda_and_reference(
-      " eval" + cli_problem_files(tmp) + " --softcap 5 --block-rows 16 --out-dtype f64", tmp);
+  run_on_cuda_and_reference(cli_problem_files("eval", tmp),
+                            {"--softcap", "5", "--block-rows", "16", "--out-dtype", "f64"}, tmp);
   expect_same_files(tmp.file("gpu"), tmp.file("ref"), {"logprob.npy", "entropy.npy", "argmax.npy"});
 }
 
