@@ -496,6 +496,18 @@ TEST(CpuEdge, AVocabularyMaskAtTheLowestFloatKeepsTheEntropyFinite) {
   }
 }
 
+// Rows of one huge logit (a row masked whole), over three tiles: p_ij =
+// 1/V, as the oracle gives (expect_rows_masked_whole_are_uniform). The
+// dlogits kernels' e^(s - lse32) was 1 there, and a G row summed to 1.5 V;
+// the loss and entropy came out 0. Logits, and heads in f32 and bf16.
+TEST(CpuEdge, ARowMaskedWholeIsUniform) {
+  expect_rows_masked_whole_are_uniform(cpu(2), 2 * kTile + 5);
+  for (Dtype dtype : {Dtype::f32, Dtype::bf16}) {
+    SCOPED_TRACE(flce::dtype_name(dtype));
+    expect_rows_masked_whole_are_uniform(cpu(2), 2 * kTile + 5, MaskedRowsEntry::head, dtype);
+  }
+}
+
 // The entropy is formed from differences to the row's max (simd/kernels.h,
 // sum_exp_d; row_terms.h), as the oracle's: logits moved by 2^20, their
 // differences exact (offset_pair), give the same entropy to lse's rounding

@@ -1197,6 +1197,23 @@ TEST_F(CudaGpu, AVocabularyMaskAtTheLowestFloatKeepsTheEntropyFinite) {
   }
 }
 
+// As CpuEdge.ARowMaskedWholeIsUniform: rows of one huge logit give p_ij =
+// 1/V (expect_rows_masked_whole_are_uniform), through the generic kernels
+// (logits; an f32 head; FLCE_CUDA_FUSED=0) and the fused ones (a bf16
+// head). The kernels' e^(s - lse32) was 1 there, and a G row summed to
+// 1.5 V; the loss and entropy came out 0.
+TEST_F(CudaGpu, ARowMaskedWholeIsUniform) {
+  expect_rows_masked_whole_are_uniform(cuda(), 600);
+  expect_rows_masked_whole_are_uniform(cuda(), 600, MaskedRowsEntry::head, Dtype::f32);
+  const bool fused_here = FLCE_FUSED_MISSING().empty();  // asked before FLCE_CUDA_FUSED is set
+  for (const char* fused : {"0", "1"}) {
+    if (std::string(fused) == "1" && !fused_here) continue;
+    SCOPED_TRACE(std::string("bf16 head, FLCE_CUDA_FUSED=") + fused);
+    setenv("FLCE_CUDA_FUSED", fused, 1);
+    expect_rows_masked_whole_are_uniform(cuda(), 1100, MaskedRowsEntry::head, Dtype::bf16);
+  }
+}
+
 // As CpuEdge.TheEntropyIgnoresALargeCommonOffsetOfTheLogits: the sums of
 // p (s - max) in the generic kernels (logits; an f32 head) and the fused one
 // (a bf16 head), through their merges across tiles (tiles of 16 classes) and

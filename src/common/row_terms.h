@@ -8,6 +8,7 @@
 // Host and device code: plain double arithmetic, and exp.
 #pragma once
 
+#include <cfloat>
 #include <cmath>
 
 #include "common/host_device.h"
@@ -58,19 +59,35 @@ FLCE_HOST_DEVICE inline double row_loss(const LossConstants& k, bool ignored, do
 }
 
 // A tile's share of sum_j p_ij (s_ij - m), m the row's finite max, from its
-// softmax state (sums relative to its own max m_t, simd/kernels.h):
-// e^(m_t - lse) (sum_exp_d_t + (m_t - m) sum_exp_t). Summed over the tiles
-// it is sbar_d, and the entropy lse - sum_j p_ij s_ij is (lse - m) - sbar_d,
-// formed from differences to the max as the oracle's (no cancellation of
-// two numbers of the logits' size; each term e^d d of sum_exp_d is at most
-// 1/e in size, so a vocabulary mask at -FLT_MAX no longer overflows it). A
-// tile whose weight underflows holds only p_ij below 2^-1074, which add
-// nothing, and is skipped.
+// softmax state (sums relative to its own max m_t, simd/kernels.h) and the
+// row's lse_d = lse - m: e^((m_t - m) - lse_d) (sum_exp_d_t + (m_t - m)
+// sum_exp_t). Summed over the tiles it is sbar_d, and the entropy
+// lse - sum_j p_ij s_ij is lse_d - sbar_d, formed from differences to the
+// max as the oracle's (no cancellation of two numbers of the logits' size;
+// each term e^d d of sum_exp_d is at most 1/e in size, so a vocabulary mask
+// at -FLT_MAX no longer overflows it). A tile whose weight underflows holds
+// only p_ij below 2^-1074, which add nothing, and is skipped.
 FLCE_HOST_DEVICE inline double tile_mean_score_d(float max_t, float sum_exp_t, float sum_exp_d_t,
-                                                 double m, double lse) {
-  const double weight = max_t == -INFINITY ? 0.0 : exp(double(max_t) - lse);
+                                                 double m, double lse_d) {
+  const double weight = max_t == -INFINITY ? 0.0 : exp((double(max_t) - m) - lse_d);
   if (weight == 0) return 0.0;
   return weight * (double(sum_exp_d_t) + (double(max_t) - m) * double(sum_exp_t));
+}
+
+// The factor e^(lse32 - lse) that the dlogits kernels' p is multiplied by
+// (through coef_p and coef_h): they take e^(s_ij - lse32) with lse32 the
+// row's lse in float32, whose rounding at a large max is all of
+// lse_d = log sum_j e^(s_ij - m) (a row masked whole with -1e30 has
+// lse32 = m, and e^(s_ij - lse32) = 1 for every class where p_ij = 1/V);
+// times this factor it is p_ij = e^(s_ij - m - lse_d). m is the row's
+// finite max and lse_d = lse - m, exact as the merge formed it (lse itself
+// rounds in double beyond about 1e16). m <= lse32 <= m + 2 lse_d, so the
+// factor lies in [e^-lse_d, e^lse_d]: at most V and at least 1/V. 1 where
+// lse is not finite (the row's G is NaN or follows e^(s - lse32) as the
+// formulas give), and for a backward's saved lse, which is taken as given.
+FLCE_HOST_DEVICE inline double p_scale(double lse, double m, double lse_d) {
+  if (!(fabs(lse) <= DBL_MAX)) return 1.0;  // inf or NaN (fabs and <=: host and device)
+  return exp((double(float(lse)) - m) - lse_d);
 }
 
 }  // namespace flce

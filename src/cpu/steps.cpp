@@ -153,11 +153,12 @@ Merged merge_states(const simd::SoftmaxState* st, int64_t tiles) {
   return m;
 }
 
-// sum_j p_ij (s_ij - m) over the row's tiles, m its finite max (tile_mean_score_d).
-double weighted_mean_score_d(const simd::SoftmaxState* st, int64_t tiles, double m, double lse) {
+// sum_j p_ij (s_ij - m) over the row's tiles, m its finite max and
+// lse_d = lse - m (tile_mean_score_d).
+double weighted_mean_score_d(const simd::SoftmaxState* st, int64_t tiles, double m, double lse_d) {
   double sbar_d = 0;
   for (int64_t t = 0; t < tiles; ++t)
-    sbar_d += tile_mean_score_d(st[t].max, st[t].sum_exp, st[t].sum_exp_d, m, lse);
+    sbar_d += tile_mean_score_d(st[t].max, st[t].sum_exp, st[t].sum_exp_d, m, lse_d);
   return sbar_d;
 }
 
@@ -167,6 +168,11 @@ double lse_of(const Merged& m) {
   if (m.max == -INFINITY) return -INFINITY;  // every score -inf
   return m.max + std::log(m.sum_exp);
 }
+
+// lse - max for a row of finite max, exact: log sum_j e^(s_ij - max) as
+// merged, which lse itself, rounded in double, loses beyond about 1e16
+// (README, Semantics: a row masked whole with -1e30); NaN with the lse.
+double lse_less_max(const Merged& m) { return m.first_nan >= 0 ? NAN : std::log(m.sum_exp); }
 
 // The row's filter threshold kappa_i * eps, kappa_i = a (|coef_p| + |g_ent|):
 // |G_ij| / kappa_i is p_ij - [j = y_i] for a plain cross-entropy, the
@@ -218,18 +224,30 @@ void merge_rows(const Context& c, int64_t i0, int64_t rows) {
     const Merged m = merge_states(st, plan.tiles);
     RowInfo& info = c.ws.rows[r];
     info = labelled_row(c, i);
-    info.lse = plan.pass == Pass::backward ? load(p.lse, i) : lse_of(m);
+    const bool backward = plan.pass == Pass::backward;
+    info.lse = backward ? load(p.lse, i) : lse_of(m);
+    // The row's lse as m + lse_d where its max m is finite (merge_states'
+    // maxima are never NaN): p, logp and the entropy are formed from
+    // differences to the max, as the oracle's. A backward takes its saved
+    // lse as given.
+    const bool finite_max = std::isfinite(m.max);
+    const double lse_d = backward ? info.lse - m.max : lse_less_max(m);
+    info.shift = info.lse;
+    if (finite_max && !backward) {
+      info.shift = m.max, info.lse_d = lse_d;
+      info.p_scale = p_scale(info.lse, m.max, lse_d);
+    }
     // sbar (an exp per tile) only where the entropy's sums were computed:
     // its output and cotangent are its only readers. An infinite max makes
     // every p_j = e^(s_j - lse) NaN (inf - inf), so sbar is NaN, as the
-    // oracle's sum gives. The entropy is (lse - m) - sbar_d.
+    // oracle's sum gives. The entropy is lse_d - sbar_d.
     double entropy = NAN;
     if (plan.softmax_extras & simd::kSoftmaxMoments) {
       info.sbar = NAN;
-      if (!std::isinf(m.max)) {
-        const double sbar_d = weighted_mean_score_d(st, plan.tiles, m.max, info.lse);
+      if (finite_max) {
+        const double sbar_d = weighted_mean_score_d(st, plan.tiles, m.max, lse_d);
         info.sbar = m.max + sbar_d;
-        entropy = (info.lse - m.max) - sbar_d;
+        entropy = lse_d - sbar_d;
       }
     }
     if (!info.ignored)
@@ -238,7 +256,7 @@ void merge_rows(const Context& c, int64_t i0, int64_t rows) {
     if (plan.pass == Pass::backward) return;
     const double t_i = p.token_weights.present() ? load(p.token_weights, i) : 1.0;
     const double c_y = info.ignored ? 0.0 : (c.ws.class_w ? c.ws.class_w[info.y] : 1.0);
-    const double logp_y = info.ignored ? 0.0 : info.s_y - info.lse;
+    const double logp_y = info.ignored ? 0.0 : (info.s_y - info.shift) - info.lse_d;
     c.ws.row_loss[i] = row_loss(k, info.ignored, t_i, c_y, logp_y, m.sum_cs, info.lse);
     store(p.lse, i, info.lse);
     if (p.logprob.present()) store(p.logprob, i, logp_y);
@@ -255,7 +273,7 @@ void rows_from_inputs(const Context& c, int64_t i0, int64_t rows) {
   for (int64_t r = 0; r < rows; ++r) {
     RowInfo& info = c.ws.rows[r];
     info = labelled_row(c, i0 + r);
-    info.lse = load(c.p.lse, i0 + r);
+    info.lse = info.shift = load(c.p.lse, i0 + r);
     set_grad_terms(c, i0 + r, &info);
   }
 }
@@ -270,7 +288,7 @@ namespace {
 double label_column_grad(const Context& c, const RowInfo& info, double s_y, double coef_c) {
   const Options& o = c.p.options;
   const double w_y = c.ws.class_w ? c.ws.class_w[info.y] : 1.0;
-  const double p = std::exp(s_y - info.lse);
+  const double p = std::exp((s_y - info.shift) - info.lse_d);
   double d = info.coef_p * p + coef_c * w_y - info.g_loss * (1 - o.label_smoothing) * w_y;
   if (info.g_ent != 0) d -= info.g_ent * (p == 0 ? 0.0 : p * (s_y - info.sbar));
   const double dsdz = o.softcap > 0 ? 1 - (s_y / o.softcap) * (s_y / o.softcap) : 1.0;
@@ -284,9 +302,9 @@ void row_tile_grad(const Context& c, float* s, int64_t r, int64_t j0, int64_t n)
   const RowInfo& info = c.ws.rows[r];
   simd::DlogitsParams q;
   q.lse = float(info.lse);
-  q.coef_p = float(info.coef_p);
+  q.coef_p = float(info.coef_p * info.p_scale);  // the kernel's p is e^(s - lse32)
   q.coef_c = plan.filter_uniform ? 0.0f : float(info.coef_c);  // G' = G - u c^T
-  q.coef_h = float(info.g_ent);
+  q.coef_h = float(info.g_ent * info.p_scale);
   q.sbar = float(info.sbar);
   q.scale = float(o.logit_scale);
   q.softcap = float(o.softcap);

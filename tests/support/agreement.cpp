@@ -1,8 +1,10 @@
 #include "support/agreement.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <random>
+#include <string>
 
 #include <gtest/gtest.h>
 
@@ -161,6 +163,78 @@ void expect_entropy_ignores_offset(const DenseProblem& d, const DenseProblem& mo
       double tol = 4 * u * std::fabs(b.lse[size_t(i)]) * (1 + std::fabs(sbar_d)) + 2 * u_out * std::fabs(h);
       if (exps == ExpArguments::rounded_at_the_offset) tol += rounded_exp_bound(exact, d.v, i);
       EXPECT_NEAR(b.entropy[size_t(i)], h, tol) << "row " << i << " (entropy " << h << ")";
+    }
+  }
+}
+
+namespace {
+
+// The problem of expect_rows_masked_whole_are_uniform: row i's logits all z_i.
+DenseProblem rows_of_one_logit(int64_t v, MaskedRowsEntry entry, flce::Dtype inputs) {
+  const float lowest = inputs == flce::Dtype::bf16 ? -0x1.fep127f : -FLT_MAX;
+  DenseProblem d;
+  d.v = v;
+  d.logits_entry = entry == MaskedRowsEntry::logits;
+  d.h = d.logits_entry ? 0 : 16;
+  if (!d.logits_entry) {
+    d.w.assign(size_t(v * d.h), 0.0);
+    for (int64_t j = 0; j < v; ++j) d.w[size_t(j * d.h)] = 1;
+  }
+  for (float z : {-1e30f, lowest, -1e17f, 1e17f}) {
+    const double zi = round_to(z, inputs);
+    if (d.logits_entry) d.logits.insert(d.logits.end(), size_t(v), zi);
+    else d.x.resize(size_t((d.n + 1) * d.h), 0.0), d.x[size_t(d.n * d.h)] = zi;
+    d.labels.push_back((d.n * 7919 + 3) % v);
+    d.grad_lse.push_back(0.5);
+    ++d.n;
+  }
+  d.options.reduction = flce::Reduction::none;
+  return d;
+}
+
+}  // namespace
+
+void expect_rows_masked_whole_are_uniform(const flce::RunConfig& config, int64_t v,
+                                          MaskedRowsEntry entry, flce::Dtype inputs) {
+  const DenseProblem d = rows_of_one_logit(v, entry, inputs);
+  Storage st;
+  st.inputs = inputs;
+  st.reals = st.outputs = st.gradients = flce::Dtype::f32;
+  const double u = 0x1p-24, log_v = std::log(double(v));
+  for (flce::Pass pass : {flce::Pass::forward, flce::Pass::loss_and_grad}) {
+    SCOPED_TRACE(flce::pass_name(pass));
+    Request rq;
+    rq.pass = pass;
+    rq.config = config;
+    rq.head_gradients = {true, false, false};  // grad_x
+    const Outputs out = run_library(d, st, rq);
+    ASSERT_TRUE(out.status.ok()) << out.status.error;
+    for (int64_t i = 0; i < d.n; ++i) {
+      const double z = d.logits_entry ? d.logits[size_t(i * v)] : d.x[size_t(i * d.h)];
+      SCOPED_TRACE("row " + std::to_string(i) + ", logits " + std::to_string(z));
+      EXPECT_EQ(out.lse[size_t(i)], z);
+      EXPECT_NEAR(out.loss[size_t(i)], log_v, 2 * u * log_v);
+      EXPECT_NEAR(out.entropy[size_t(i)], log_v, 2 * u * log_v);
+      EXPECT_NEAR(out.logprob[size_t(i)], -log_v, 2 * u * log_v);
+      if (pass == flce::Pass::forward) continue;
+      const double p = (1 + d.grad_lse[size_t(i)]) / double(v);
+      const auto want = [&](int64_t j) { return p - (j == d.labels[size_t(i)]); };
+      if (!d.logits_entry) {
+        double sum_abs = 0;
+        for (int64_t j = 0; j < v; ++j) sum_abs += std::fabs(want(j));
+        const double tol = 2 * u * (sum_abs + 1 + d.grad_lse[size_t(i)]) +
+                           (unit_roundoff(inputs) + gamma(double(v), u)) * sum_abs;
+        EXPECT_NEAR(out.grad_x[size_t(i * d.h)], d.grad_lse[size_t(i)], tol);
+        for (int64_t k = 1; k < d.h; ++k) EXPECT_EQ(out.grad_x[size_t(i * d.h + k)], 0.0) << k;
+        continue;
+      }
+      int64_t wrong = 0;
+      for (int64_t j = 0; j < v; ++j) {
+        const double got = out.grad_logits[size_t(i * v + j)];
+        if (!(std::fabs(got - want(j)) <= 2 * u * (std::fabs(want(j)) + p)) && wrong++ < 3)
+          ADD_FAILURE() << "G[" << i << ", " << j << "] = " << got << ", not " << want(j);
+      }
+      EXPECT_EQ(wrong, 0) << "classes of row " << i << " outside";
     }
   }
 }

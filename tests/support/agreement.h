@@ -80,4 +80,28 @@ void expect_entropy_ignores_offset(const DenseProblem& d, const DenseProblem& mo
                                    const Storage& st, const flce::RunConfig& config,
                                    ExpArguments exps = ExpArguments::exact_differences);
 
+// Rows whose logits all hold one value far from 0 (-1e30 and the lowest
+// float, masks; -1e17 and 1e17), through `config`'s backend, forward and
+// in a step (reduction none, g_lse = 1/2): p_ij = 1/V there as for any
+// common value (README, Semantics), though lse rounds to the logit itself,
+// whose ulp dwarfs log V. So lse is the logit, the loss and the entropy
+// log V, logprob -log V, and G_ij = (1 + g_lse)/V - [j = y_i]; with p as
+// e^(s_ij - lse32), p_ij was 1 and a G row summed to about V. The policy's
+// bounds say nothing there (its u |lse| terms exceed 1e22, or overflow to
+// NaN), so the rows are held to what a backend forming p, logp and the
+// entropy from d_ij = s_ij - max and lse_d = log sum_j e^(d_ij) leaves:
+// every d_ij is 0 and every sum of e^0 = 1 exact (V < 2^24), so lse_d =
+// log V in double and each output is one float32 rounding of it, u log V.
+// G_ij is at most two float32 roundings, of the double (1 + g_lse)/V times
+// e^0 and of the difference with the label term: u (|G_ij| + (1 + g_lse)/V).
+// Both doubled. The logits entry (float32) checks G itself; the head entry
+// (`inputs`: x_i = (z_i, 0, ...), W_j = (1, 0, ...), H = 16, so the logits
+// are the z_i exactly) checks grad_x_i0 = sum_j G_ij = g_lse: G's errors
+// above, its rounding to `inputs` where the backend multiplies in that
+// dtype (u_in |G_ij|), and the GEMM's float32 sum (gamma_V sum_j |G_ij|).
+enum class MaskedRowsEntry { logits, head };
+void expect_rows_masked_whole_are_uniform(const flce::RunConfig& config, int64_t v,
+                                          MaskedRowsEntry entry = MaskedRowsEntry::logits,
+                                          flce::Dtype inputs = flce::Dtype::f32);
+
 }  // namespace flce_test
