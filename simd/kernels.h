@@ -56,12 +56,15 @@ enum SoftmaxExtras : unsigned {
 //   p_j = exp(s_j - lse)
 //   d_j = coef_p * p_j + coef_c * c_j - coef_h * p_j * (s_j - sbar)
 //   g_j = a * (1 - (s_j/k)^2) * d_j   (k > 0)   or   a * d_j   (k == 0)
-// The label term -(1-e) c_y t_i g_i at j = y is added by the caller.
+// The label term -(1-e) c_y t_i g_i at j = y is added by the caller. The
+// caller folds the factor that turns exp(s_j - lse) with lse in float32
+// into the row's p (src/common/row_terms.h, lse_parts' p_scale) into
+// coef_p and coef_h.
 struct DlogitsParams {
   float lse;
-  float coef_p;   // g_loss t_i ((1-e) c_y + (e/V) C + 2 l lse) + g_lse
+  float coef_p;   // (g_loss t_i ((1-e) c_y + (e/V) C + 2 l lse) + g_lse) p_scale
   float coef_c;   // -g_loss t_i e / V
-  float coef_h;   // g_entropy
+  float coef_h;   // g_entropy p_scale
   float sbar;     // sum_j p_j s_j
   float scale;    // a
   float softcap;  // k (0 = off)

@@ -74,20 +74,30 @@ FLCE_HOST_DEVICE inline double tile_mean_score_d(float max_t, float sum_exp_t, f
   return weight * (double(sum_exp_d_t) + (double(max_t) - m) * double(sum_exp_t));
 }
 
-// The factor e^(lse32 - lse) that the dlogits kernels' p is multiplied by
-// (through coef_p and coef_h): they take e^(s_ij - lse32) with lse32 the
-// row's lse in float32, whose rounding at a large max is all of
-// lse_d = log sum_j e^(s_ij - m) (a row masked whole with -1e30 has
-// lse32 = m, and e^(s_ij - lse32) = 1 for every class where p_ij = 1/V);
-// times this factor it is p_ij = e^(s_ij - m - lse_d). m is the row's
-// finite max and lse_d = lse - m, exact as the merge formed it (lse itself
-// rounds in double beyond about 1e16). m <= lse32 <= m + 2 lse_d, so the
-// factor lies in [e^-lse_d, e^lse_d]: at most V and at least 1/V. 1 where
-// lse is not finite (the row's G is NaN or follows e^(s - lse32) as the
-// formulas give), and for a backward's saved lse, which is taken as given.
-FLCE_HOST_DEVICE inline double p_scale(double lse, double m, double lse_d) {
-  if (!(fabs(lse) <= DBL_MAX)) return 1.0;  // inf or NaN (fabs and <=: host and device)
-  return exp((double(float(lse)) - m) - lse_d);
+// How a row's p, logp and entropy take its lse: as shift + lse_d, and the
+// dlogits kernels' p, e^(s_ij - lse32) with lse32 the lse in float32, times
+// p_scale (through coef_p and coef_h). lse32's rounding at a large max m is
+// all of log sum_j e^(s_ij - m) (a row masked whole with -1e30 has
+// lse32 = m, and e^(s_ij - lse32) = 1 for every class where p_ij = 1/V).
+// So where the lse is the one this call formed from the row's finite max m
+// and sum_exp = sum_j e^(s_ij - m) (`own`: a forward pass, or a backward
+// whose saved lse has those bits, as the oracle takes it), the parts are m,
+// lse_d = log sum_exp (which lse itself, rounded in double, loses beyond
+// about 1e16) and p_scale = e^(lse32 - m - lse_d). m <= lse32 <= m + 2 lse_d,
+// so p_scale lies in [e^-lse_d, e^lse_d], at least 1/V and at most V. A
+// saved lse of other bits, or one that is not finite, is taken as given:
+// m, lse - m and 1. Where the max is not finite (a backward without the
+// row's states passes a NaN one): lse, 0 and 1. Either way the formulas
+// give what e^(s - lse) gives.
+struct LseParts {
+  double shift, lse_d, p_scale;
+};
+FLCE_HOST_DEVICE inline LseParts lse_parts(double lse, double m, double sum_exp, bool own) {
+  // fabs and <= rather than isfinite: the same spelling on the host and the device.
+  if (!(fabs(m) <= DBL_MAX)) return {lse, 0.0, 1.0};
+  if (!own || !(fabs(lse) <= DBL_MAX)) return {m, lse - m, 1.0};
+  const double lse_d = log(sum_exp);
+  return {m, lse_d, exp((double(float(lse)) - m) - lse_d)};
 }
 
 }  // namespace flce

@@ -230,10 +230,9 @@ std::string pick_gemm(const RunConfig& config, Dtype storage, const GemmEngine**
 // Per-row scalars of the current row block (README, Semantics).
 struct RowInfo {
   double lse = 0, sbar = 0;  // sbar = sum_j p_ij s_ij
-  // lse = shift + lse_d, with lse_d exact (row_terms.h, p_scale): the max
-  // and log sum_j e^(s_ij - max) after a forward pass, else lse and 0.
-  double shift = 0, lse_d = 0;
-  double p_scale = 1;        // e^(lse32 - lse), the dlogits kernel's p's factor (row_terms.h)
+  // The lse as p, logp and the entropy take it (row_terms.h, lse_parts):
+  // shift + lse_d, and p_scale, the dlogits kernel's p's factor.
+  double shift = 0, lse_d = 0, p_scale = 1;
   double s_y = 0;            // the label's score, for the forward outputs (0 if ignored)
   double filter_tau = 0;     // gradient filter: |G'_ij| <= filter_tau may be left out
   double uniform = 0;        // u_i, the smoothing's uniform term, when filter_uniform

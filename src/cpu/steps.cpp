@@ -169,11 +169,6 @@ double lse_of(const Merged& m) {
   return m.max + std::log(m.sum_exp);
 }
 
-// lse - max for a row of finite max, exact: log sum_j e^(s_ij - max) as
-// merged, which lse itself, rounded in double, loses beyond about 1e16
-// (README, Semantics: a row masked whole with -1e30); NaN with the lse.
-double lse_less_max(const Merged& m) { return m.first_nan >= 0 ? NAN : std::log(m.sum_exp); }
-
 // The row's filter threshold kappa_i * eps, kappa_i = a (|coef_p| + |g_ent|):
 // |G_ij| / kappa_i is p_ij - [j = y_i] for a plain cross-entropy, the
 // quantity Cut Cross-Entropy filters on. With label smoothing (and no
@@ -224,19 +219,14 @@ void merge_rows(const Context& c, int64_t i0, int64_t rows) {
     const Merged m = merge_states(st, plan.tiles);
     RowInfo& info = c.ws.rows[r];
     info = labelled_row(c, i);
-    const bool backward = plan.pass == Pass::backward;
-    info.lse = backward ? load(p.lse, i) : lse_of(m);
-    // The row's lse as m + lse_d where its max m is finite (merge_states'
-    // maxima are never NaN): p, logp and the entropy are formed from
-    // differences to the max, as the oracle's. A backward takes its saved
-    // lse as given.
-    const bool finite_max = std::isfinite(m.max);
-    const double lse_d = backward ? info.lse - m.max : lse_less_max(m);
-    info.shift = info.lse;
-    if (finite_max && !backward) {
-      info.shift = m.max, info.lse_d = lse_d;
-      info.p_scale = p_scale(info.lse, m.max, lse_d);
-    }
+    const double formed = lse_of(m);
+    info.lse = plan.pass == Pass::backward ? load(p.lse, i) : formed;
+    // p, logp and the entropy from differences to the max, as the oracle's
+    // (row_terms.h, lse_parts); a saved lse with other bits than this
+    // pass's is taken as given.
+    const LseParts parts = lse_parts(info.lse, m.max, m.sum_exp, info.lse == formed);
+    info.shift = parts.shift, info.lse_d = parts.lse_d, info.p_scale = parts.p_scale;
+    const bool finite_max = std::isfinite(m.max);  // merge_states' maxima are never NaN
     // sbar (an exp per tile) only where the entropy's sums were computed:
     // its output and cotangent are its only readers. An infinite max makes
     // every p_j = e^(s_j - lse) NaN (inf - inf), so sbar is NaN, as the
@@ -245,9 +235,9 @@ void merge_rows(const Context& c, int64_t i0, int64_t rows) {
     if (plan.softmax_extras & simd::kSoftmaxMoments) {
       info.sbar = NAN;
       if (finite_max) {
-        const double sbar_d = weighted_mean_score_d(st, plan.tiles, m.max, lse_d);
+        const double sbar_d = weighted_mean_score_d(st, plan.tiles, m.max, info.lse_d);
         info.sbar = m.max + sbar_d;
-        entropy = lse_d - sbar_d;
+        entropy = info.lse_d - sbar_d;
       }
     }
     if (!info.ignored)
@@ -273,7 +263,8 @@ void rows_from_inputs(const Context& c, int64_t i0, int64_t rows) {
   for (int64_t r = 0; r < rows; ++r) {
     RowInfo& info = c.ws.rows[r];
     info = labelled_row(c, i0 + r);
-    info.lse = info.shift = load(c.p.lse, i0 + r);
+    info.lse = load(c.p.lse, i0 + r);
+    info.shift = info.lse;  // lse_parts without the row's max: lse, 0, 1
     set_grad_terms(c, i0 + r, &info);
   }
 }

@@ -342,17 +342,16 @@ __global__ void merge_rows_kernel(LossArgs g, const TileState* states, int64_t t
       if (st[t].max != -kInf) sum_exp += double(st[t].sum_exp) * exp(double(st[t].max) - max);
     sum_exp = warp_sum(sum_exp);
   }
-  double lse;
-  if (g.backward) lse = load1(g.lse_in, i);
-  else if (first_nan >= 0) lse = NAN;
-  else if (max == INFINITY) lse = INFINITY;
-  else if (max == -INFINITY) lse = -INFINITY;
-  else lse = max + log(sum_exp);
-  // lse - max where the max is finite, exact: log sum_exp as merged, which
-  // lse itself loses beyond about 1e16 (row_terms.h, p_scale); a backward's
-  // saved lse less the max. p, logp and the entropy are formed from it.
-  const bool finite_max = isfinite(max), formed_here = finite_max && !g.backward;
-  const double lse_d = g.backward ? lse - max : first_nan >= 0 ? NAN : log(sum_exp);
+  double formed;  // the lse of these states
+  if (first_nan >= 0) formed = NAN;
+  else if (max == INFINITY) formed = INFINITY;
+  else if (max == -INFINITY) formed = -INFINITY;
+  else formed = max + log(sum_exp);
+  const double lse = g.backward ? load1(g.lse_in, i) : formed;
+  // p, logp and the entropy from differences to the max, as the oracle's
+  // (row_terms.h, lse_parts); a saved lse with other bits than these
+  // states' is taken as given. Without states the max is -inf.
+  const LseParts parts = lse_parts(lse, max, sum_exp, lse == formed);
   // sbar = sum_j p_j s_j = max + sbar_d; the entropy lse_d - sbar_d
   // (row_terms.h, tile_mean_score_d).
   double sbar = 0, sbar_d = 0;
@@ -361,7 +360,7 @@ __global__ void merge_rows_kernel(LossArgs g, const TileState* states, int64_t t
       sbar = sbar_d = NAN;
     } else if (g.need_sbar) {
       for (int64_t t = lane; t < tiles; t += 32)
-        sbar_d += tile_mean_score_d(st[t].max, st[t].sum_exp, st[t].sum_exp_d, max, lse_d);
+        sbar_d += tile_mean_score_d(st[t].max, st[t].sum_exp, st[t].sum_exp_d, max, parts.lse_d);
       sbar_d = warp_sum(sbar_d);
       sbar = max + sbar_d;
     }
@@ -386,22 +385,21 @@ __global__ void merge_rows_kernel(LossArgs g, const TileState* states, int64_t t
   const LossConstants k{g.e, double(g.v), sc.class_sum, g.l};
   info.lse = lse;
   info.sbar = sbar;
-  // The kernels' p is e^(s - lse32) (DlogitsRow), times this: e^(s - lse).
-  const double scale = formed_here ? p_scale(lse, max, lse_d) : 1.0;
-  info.coef_p = grad_coef_p(k, g_loss, c_y, lse, g_lse) * scale;
+  // The kernels' p is e^(s - lse32) (DlogitsRow), times p_scale: e^(s - lse).
+  info.coef_p = grad_coef_p(k, g_loss, c_y, lse, g_lse) * parts.p_scale;
   info.coef_c = grad_coef_c(k, g_loss);
-  info.coef_h = g_ent * scale;
+  info.coef_h = g_ent * parts.p_scale;
   info.label_coef = g_loss * (1 - g.e) * c_y;
   info.y = ignored ? -1 : y;
   if (g.backward) return;
 
-  const double logp_y = ignored ? 0.0 : formed_here ? (s_y - max) - lse_d : s_y - lse;
+  const double logp_y = ignored ? 0.0 : (s_y - parts.shift) - parts.lse_d;
   const double loss = row_loss(k, ignored, t_i, c_y, logp_y, sum_cs, lse);
   g.row_loss[i] = loss;
   store1(g.lse, i, lse);
   if (g.logprob.present()) store1(g.logprob, i, logp_y);
   if (g.argmax.present()) store1(g.argmax, i, double(first_nan >= 0 ? first_nan : argmax));
-  if (g.entropy.present()) store1(g.entropy, i, lse_d - sbar_d);
+  if (g.entropy.present()) store1(g.entropy, i, parts.lse_d - sbar_d);
   if (g.zloss.present()) store1(g.zloss, i, z_loss_term(k, lse));
   if (g.reduction == int(Reduction::none)) store1(g.loss, i, loss);
 }

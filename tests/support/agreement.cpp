@@ -169,72 +169,124 @@ void expect_entropy_ignores_offset(const DenseProblem& d, const DenseProblem& mo
 
 namespace {
 
-// The problem of expect_rows_masked_whole_are_uniform: row i's logits all z_i.
-DenseProblem rows_of_one_logit(int64_t v, MaskedRowsEntry entry, flce::Dtype inputs) {
+// The problem of expect_rows_masked_whole_are_uniform: row i's logits all
+// z_i, but the last row's, z and z - 8 (its float32 ulp) by turns. As a
+// head: x_i = (z_i, -8 on the last row, 0, ...), W_j = (1, j odd, 0, ...).
+DenseProblem rows_of_huge_logits(int64_t v, MaskedRowsEntry entry, flce::Dtype inputs) {
   const float lowest = inputs == flce::Dtype::bf16 ? -0x1.fep127f : -FLT_MAX;
+  const std::vector<float> rows = {-1e30f, lowest, -1e17f, 1e17f, 1e8f};
   DenseProblem d;
   d.v = v;
   d.logits_entry = entry == MaskedRowsEntry::logits;
   d.h = d.logits_entry ? 0 : 16;
+  d.n = int64_t(rows.size());
   if (!d.logits_entry) {
     d.w.assign(size_t(v * d.h), 0.0);
-    for (int64_t j = 0; j < v; ++j) d.w[size_t(j * d.h)] = 1;
+    d.x.assign(size_t(d.n * d.h), 0.0);
+    for (int64_t j = 0; j < v; ++j) d.w[size_t(j * d.h)] = 1, d.w[size_t(j * d.h + 1)] = j % 2;
   }
-  for (float z : {-1e30f, lowest, -1e17f, 1e17f}) {
-    const double zi = round_to(z, inputs);
-    if (d.logits_entry) d.logits.insert(d.logits.end(), size_t(v), zi);
-    else d.x.resize(size_t((d.n + 1) * d.h), 0.0), d.x[size_t(d.n * d.h)] = zi;
-    d.labels.push_back((d.n * 7919 + 3) % v);
+  for (int64_t i = 0; i < d.n; ++i) {
+    const double z = round_to(rows[size_t(i)], inputs), step = i + 1 == d.n ? -8.0 : 0.0;
+    if (d.logits_entry)
+      for (int64_t j = 0; j < v; ++j) d.logits.push_back(z + step * (j % 2));
+    else
+      d.x[size_t(i * d.h)] = z, d.x[size_t(i * d.h + 1)] = step;
+    d.labels.push_back((i * 7919 + 3) % v);
     d.grad_lse.push_back(0.5);
-    ++d.n;
+    d.grad_entropy.push_back(0.0);  // present: a backward then runs the first pass too
   }
   d.options.reduction = flce::Reduction::none;
   return d;
+}
+
+// Row i's exact statistics from d_ij = s_ij - max, which are exact here.
+struct HugeRow {
+  double max = 0, lse_d = 0, sbar_d = 0;
+  std::vector<double> d, p;
+};
+HugeRow huge_row(const DenseProblem& d, int64_t i) {
+  HugeRow r;
+  std::vector<double> s(size_t(d.v));
+  for (int64_t j = 0; j < d.v; ++j)
+    s[size_t(j)] = d.logits_entry ? d.logits[size_t(i * d.v + j)]
+                                  : d.x[size_t(i * d.h)] + d.x[size_t(i * d.h + 1)] * d.weight(j, 1);
+  r.max = *std::max_element(s.begin(), s.end());
+  double sum = 0;
+  for (double sj : s) r.d.push_back(sj - r.max), sum += std::exp(sj - r.max);
+  r.lse_d = std::log(sum);
+  for (double dj : r.d) r.p.push_back(std::exp(dj - r.lse_d)), r.sbar_d += r.p.back() * dj;
+  return r;
 }
 
 }  // namespace
 
 void expect_rows_masked_whole_are_uniform(const flce::RunConfig& config, int64_t v,
                                           MaskedRowsEntry entry, flce::Dtype inputs) {
-  const DenseProblem d = rows_of_one_logit(v, entry, inputs);
+  const DenseProblem d = rows_of_huge_logits(v, entry, inputs);
   Storage st;
   st.inputs = inputs;
   st.reals = st.outputs = st.gradients = flce::Dtype::f32;
-  const double u = 0x1p-24, log_v = std::log(double(v));
-  for (flce::Pass pass : {flce::Pass::forward, flce::Pass::loss_and_grad}) {
+  const double u = 0x1p-24, sums = kFunctionUlps * u + gamma(double(v), u);
+  std::vector<double> saved_lse;
+  for (flce::Pass pass : {flce::Pass::forward, flce::Pass::loss_and_grad, flce::Pass::backward}) {
     SCOPED_TRACE(flce::pass_name(pass));
     Request rq;
     rq.pass = pass;
     rq.config = config;
+    rq.saved_lse = saved_lse;
     rq.head_gradients = {true, false, false};  // grad_x
     const Outputs out = run_library(d, st, rq);
     ASSERT_TRUE(out.status.ok()) << out.status.error;
+    if (pass == flce::Pass::forward) saved_lse = out.lse;
     for (int64_t i = 0; i < d.n; ++i) {
-      const double z = d.logits_entry ? d.logits[size_t(i * v)] : d.x[size_t(i * d.h)];
-      SCOPED_TRACE("row " + std::to_string(i) + ", logits " + std::to_string(z));
-      EXPECT_EQ(out.lse[size_t(i)], z);
-      EXPECT_NEAR(out.loss[size_t(i)], log_v, 2 * u * log_v);
-      EXPECT_NEAR(out.entropy[size_t(i)], log_v, 2 * u * log_v);
-      EXPECT_NEAR(out.logprob[size_t(i)], -log_v, 2 * u * log_v);
+      const HugeRow x = huge_row(d, i);
+      SCOPED_TRACE("row " + std::to_string(i) + ", max " + std::to_string(x.max));
+      const int64_t y = d.labels[size_t(i)];
+      const double lse32 = round_to(x.max + x.lse_d, flce::Dtype::f32);
+      if (pass != flce::Pass::backward) {
+        const double entropy = x.lse_d - x.sbar_d, logp_y = x.d[size_t(y)] - x.lse_d;
+        EXPECT_EQ(out.lse[size_t(i)], lse32);
+        EXPECT_NEAR(out.loss[size_t(i)], -logp_y, sums + 2 * u * std::fabs(logp_y));
+        EXPECT_NEAR(out.logprob[size_t(i)], logp_y, sums + 2 * u * std::fabs(logp_y));
+        EXPECT_NEAR(out.entropy[size_t(i)], entropy, sums * 17 + 2 * u * entropy);  // |d_j| <= 8
+      }
       if (pass == flce::Pass::forward) continue;
-      const double p = (1 + d.grad_lse[size_t(i)]) / double(v);
-      const auto want = [&](int64_t j) { return p - (j == d.labels[size_t(i)]); };
-      if (!d.logits_entry) {
-        double sum_abs = 0;
-        for (int64_t j = 0; j < v; ++j) sum_abs += std::fabs(want(j));
-        const double tol = 2 * u * (sum_abs + 1 + d.grad_lse[size_t(i)]) +
-                           (unit_roundoff(inputs) + gamma(double(v), u)) * sum_abs;
-        EXPECT_NEAR(out.grad_x[size_t(i * d.h)], d.grad_lse[size_t(i)], tol);
-        for (int64_t k = 1; k < d.h; ++k) EXPECT_EQ(out.grad_x[size_t(i * d.h + k)], 0.0) << k;
+      // G_ij = (1 + g_lse) p_ij - [j = y]; the kernels' e^(s - lse32) within
+      // kFunctionUlps u, and 2 u |s - lse32| from its argument (cuda's
+      // exponent FMA with log2(e) rounded). A backward's saved lse (float32)
+      // is the row's own where it equals max + lse_d in double (the rows of
+      // one logit, whose lse_d that sum loses); else p is e^(s - saved).
+      const bool given = pass == flce::Pass::backward && !(saved_lse[size_t(i)] == x.max + x.lse_d);
+      const double lse_d = given ? saved_lse[size_t(i)] - x.max : x.lse_d;
+      const double g = 1 + d.grad_lse[size_t(i)];
+      std::vector<double> want(static_cast<size_t>(v)), tol(static_cast<size_t>(v));
+      for (int64_t j = 0; j < v; ++j) {
+        const double pj = std::exp(x.d[size_t(j)] - lse_d), gap = std::fabs(x.max + x.d[size_t(j)] - lse32);
+        want[size_t(j)] = g * pj - (j == y);
+        tol[size_t(j)] = 2 * u * std::fabs(want[size_t(j)]) + g * pj * (kFunctionUlps + 2 * gap + 4) * u;
+      }
+      if (d.logits_entry) {
+        int64_t wrong = 0;
+        for (int64_t j = 0; j < v; ++j) {
+          const double got = out.grad_logits[size_t(i * v + j)];
+          if (!(std::fabs(got - want[size_t(j)]) <= tol[size_t(j)]) && wrong++ < 3)
+            ADD_FAILURE() << "G[" << i << ", " << j << "] = " << got << ", not " << want[size_t(j)];
+        }
+        EXPECT_EQ(wrong, 0) << "classes of row " << i << " outside";
         continue;
       }
-      int64_t wrong = 0;
-      for (int64_t j = 0; j < v; ++j) {
-        const double got = out.grad_logits[size_t(i * v + j)];
-        if (!(std::fabs(got - want(j)) <= 2 * u * (std::fabs(want(j)) + p)) && wrong++ < 3)
-          ADD_FAILURE() << "G[" << i << ", " << j << "] = " << got << ", not " << want(j);
+      // grad_x_ik = sum_j G_ij W_jk: G's errors, its rounding to `inputs`
+      // where the GEMM takes that dtype, and the GEMM's float32 sum (bf16
+      // products add exactly into float32).
+      for (int64_t k = 0; k < d.h; ++k) {
+        double sum = 0, sum_abs = 0, sum_tol = 0;
+        for (int64_t j = 0; j < v; ++j) {
+          const double w = d.weight(j, k);
+          sum += want[size_t(j)] * w, sum_abs += std::fabs(want[size_t(j)] * w), sum_tol += tol[size_t(j)] * w;
+        }
+        const double bound = sum_tol + (unit_roundoff(inputs) + gamma(double(v), u)) * sum_abs;
+        EXPECT_NEAR(out.grad_x[size_t(i * d.h + k)], sum, bound) << "grad_x column " << k;
       }
-      EXPECT_EQ(wrong, 0) << "classes of row " << i << " outside";
     }
   }
 }
