@@ -32,10 +32,11 @@
 //                  0, without kSoftmaxArgmax its argmax is -1 (kernels.h); the
 //                  max, sum_exp and first_nan are the same bits either way.
 //  dlogits         p = exp(s - lse);
-//                  d = coef_p p + coef_c c - coef_h (p == 0 ? 0 : p (s - sbar));
+//                  d = coef_p p + coef_c c
+//                      - coef_h (p == 0 ? 0 : p ((s - shift) - sbar_d));
 //                  g = a (1 - (s/k)^2) d if k > 0, else a d. The entropy term
-//                  is left out where coef_h == 0 (none even where p (s - sbar)
-//                  would be inf or NaN); the p term is formed whatever coef_p
+//                  is left out where coef_h == 0 (none even where its
+//                  product would be inf or NaN); the p term is formed whatever coef_p
 //                  is, so 0 * inf = NaN where p overflows (s > lse + 88.7: a
 //                  saved lse too low), as the oracle's g_lse p_ij.
 //  gemm_tn         C = (accumulate ? C : 0) + A^T B, each element summed in

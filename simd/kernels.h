@@ -54,7 +54,7 @@ enum SoftmaxExtras : unsigned {
 
 // Per-row coefficients of the dlogits kernel (README, backward):
 //   p_j = exp(s_j - lse)
-//   d_j = coef_p * p_j + coef_c * c_j - coef_h * p_j * (s_j - sbar)
+//   d_j = coef_p * p_j + coef_c * c_j - coef_h * p_j * ((s_j - shift) - sbar_d)
 //   g_j = a * (1 - (s_j/k)^2) * d_j   (k > 0)   or   a * d_j   (k == 0)
 // The label term -(1-e) c_y t_i g_i at j = y is added by the caller. The
 // caller folds the factor that turns exp(s_j - lse) with lse in float32
@@ -65,7 +65,11 @@ struct DlogitsParams {
   float coef_p;   // (g_loss t_i ((1-e) c_y + (e/V) C + 2 l lse) + g_lse) p_scale
   float coef_c;   // -g_loss t_i e / V
   float coef_h;   // g_entropy p_scale
-  float sbar;     // sum_j p_j s_j
+  // The entropy's s_j - sum_k p_k s_k, from differences to the row's max:
+  // s_j - shift is exact near the max, so a common offset of the logits
+  // costs it nothing (s_j - sbar in float32 lost u |s_j| to it).
+  float shift;    // the row's max (where finite)
+  float sbar_d;   // sum_k p_k (s_k - shift)
   float scale;    // a
   float softcap;  // k (0 = off)
 };

@@ -10,7 +10,8 @@ template <bool kClassW, bool kSmooth, bool kEntropy, bool kCap>
 void dlogits(const float* s, const float* class_w, int64_t n, const DlogitsParams& q, float* g) {
   using namespace avx2;
   const __m256 lse = splat(q.lse), cp = splat(q.coef_p), cc = splat(q.coef_c);
-  const __m256 ch = splat(q.coef_h), sbar = splat(q.sbar), a = splat(q.scale);
+  const __m256 ch = splat(q.coef_h), shift = splat(q.shift), sbar_d = splat(q.sbar_d);
+  const __m256 a = splat(q.scale);
   const __m256 inv_k = splat(kCap ? 1.0f / q.softcap : 0.0f);
   auto one = [&](__m256 v, __m256 c) {
     const __m256 p = exp_ps(_mm256_sub_ps(v, lse));
@@ -18,7 +19,8 @@ void dlogits(const float* s, const float* class_w, int64_t n, const DlogitsParam
     if (kSmooth) d = kClassW ? _mm256_add_ps(d, _mm256_mul_ps(cc, c)) : _mm256_add_ps(d, cc);
     if (kEntropy) {
       const __m256 nz = _mm256_cmp_ps(p, _mm256_setzero_ps(), _CMP_NEQ_UQ);
-      const __m256 h = _mm256_and_ps(nz, _mm256_mul_ps(p, _mm256_sub_ps(v, sbar)));
+      const __m256 dev = _mm256_sub_ps(_mm256_sub_ps(v, shift), sbar_d);  // s - sbar
+      const __m256 h = _mm256_and_ps(nz, _mm256_mul_ps(p, dev));
       d = _mm256_sub_ps(d, _mm256_mul_ps(ch, h));
     }
     if (kCap) {

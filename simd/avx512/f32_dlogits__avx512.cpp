@@ -10,7 +10,8 @@ template <bool kClassW, bool kSmooth, bool kEntropy, bool kCap>
 void dlogits(const float* s, const float* class_w, int64_t n, const DlogitsParams& q, float* g) {
   using namespace avx512;
   const __m512 lse = splat(q.lse), cp = splat(q.coef_p), cc = splat(q.coef_c);
-  const __m512 ch = splat(q.coef_h), sbar = splat(q.sbar), a = splat(q.scale);
+  const __m512 ch = splat(q.coef_h), shift = splat(q.shift), sbar_d = splat(q.sbar_d);
+  const __m512 a = splat(q.scale);
   const __m512 inv_k = splat(kCap ? 1.0f / q.softcap : 0.0f);
   auto one = [&](__m512 v, __m512 c) {
     const __m512 p = exp_ps(_mm512_sub_ps(v, lse));
@@ -18,7 +19,8 @@ void dlogits(const float* s, const float* class_w, int64_t n, const DlogitsParam
     if (kSmooth) d = kClassW ? _mm512_add_ps(d, _mm512_mul_ps(cc, c)) : _mm512_add_ps(d, cc);
     if (kEntropy) {
       const __mmask16 nz = _mm512_cmp_ps_mask(p, _mm512_setzero_ps(), _CMP_NEQ_UQ);
-      d = _mm512_sub_ps(d, _mm512_mul_ps(ch, _mm512_maskz_mul_ps(nz, p, _mm512_sub_ps(v, sbar))));
+      const __m512 dev = _mm512_sub_ps(_mm512_sub_ps(v, shift), sbar_d);  // s - sbar
+      d = _mm512_sub_ps(d, _mm512_mul_ps(ch, _mm512_maskz_mul_ps(nz, p, dev)));
     }
     if (kCap) {
       const __m512 t = _mm512_mul_ps(v, inv_k);

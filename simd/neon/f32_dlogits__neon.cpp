@@ -10,7 +10,8 @@ template <bool kClassW, bool kSmooth, bool kEntropy, bool kCap>
 void dlogits(const float* s, const float* class_w, int64_t n, const DlogitsParams& q, float* g) {
   using namespace neon;
   const float32x4_t lse = splat(q.lse), cp = splat(q.coef_p), cc = splat(q.coef_c);
-  const float32x4_t ch = splat(q.coef_h), sbar = splat(q.sbar), a = splat(q.scale);
+  const float32x4_t ch = splat(q.coef_h), shift = splat(q.shift), sbar_d = splat(q.sbar_d);
+  const float32x4_t a = splat(q.scale);
   const float32x4_t inv_k = splat(kCap ? 1.0f / q.softcap : 0.0f);
   auto one = [&](float32x4_t v, float32x4_t c) {
     const float32x4_t p = exp_ps(vsubq_f32(v, lse));
@@ -18,8 +19,9 @@ void dlogits(const float* s, const float* class_w, int64_t n, const DlogitsParam
     if (kSmooth) d = kClassW ? vaddq_f32(d, vmulq_f32(cc, c)) : vaddq_f32(d, cc);
     if (kEntropy) {
       const uint32x4_t z = vceqq_f32(p, splat(0.0f));  // NaN: false, kept
-      const float32x4_t h = vreinterpretq_f32_u32(
-          vbicq_u32(vreinterpretq_u32_f32(vmulq_f32(p, vsubq_f32(v, sbar))), z));
+      const float32x4_t dev = vsubq_f32(vsubq_f32(v, shift), sbar_d);  // s - sbar
+      const float32x4_t h =
+          vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(vmulq_f32(p, dev)), z));
       d = vsubq_f32(d, vmulq_f32(ch, h));
     }
     if (kCap) {

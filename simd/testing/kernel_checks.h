@@ -746,7 +746,7 @@ inline void check_reads_stay_inside(const KernelSet& ks, Report& r) {
       std::memcpy(sv, s.data(), size_t(n) * 4);
       std::memcpy(cv, c.data(), size_t(n) * 4);
       ks.exp(sv, out, n);
-      const DlogitsParams q{2.0f, 0.5f, -0.01f, 0.2f, 0.1f, 1.25f, 7.0f};
+      const DlogitsParams q{2.0f, 0.5f, -0.01f, 0.2f, 0.5f, -0.4f, 1.25f, 7.0f};
       for (const float* weights : {static_cast<const float*>(cv), static_cast<const float*>(nullptr)}) {
         std::memcpy(out, s.data(), size_t(n) * 4);
         ks.scores(out, weights, n, 1.25f, 7.0f);
@@ -906,22 +906,32 @@ inline std::vector<DlogitsCase> dlogits_cases(const std::vector<float>& s, Rng& 
   const float lse = float(shift + std::log(se));
   auto coef = [&] { return rng.uniform(-2, 2); };
   std::vector<DlogitsCase> out;
-  // name, {lse, coef_p, coef_c, coef_h, sbar, scale, softcap}
-  out.push_back({"plain", {lse, coef(), 0.0f, 0.0f, 0.0f, 1.0f, 0.0f}});
-  out.push_back({"smooth", {lse, coef(), coef(), 0.0f, 0.0f, 0.7f, 0.0f}});
-  out.push_back({"entropy", {lse, coef(), 0.0f, coef(), rng.uniform(-3, 3), 1.0f, 0.0f}});
-  out.push_back({"all", {lse, coef(), coef(), coef(), rng.uniform(-3, 3), 1.3f, 0.0f}});
-  out.push_back({"cap", {lse, coef(), 0.0f, 0.0f, 0.0f, 1.0f, 30.0f}});
-  out.push_back({"all_cap", {lse, coef(), coef(), coef(), rng.uniform(-3, 3), 0.5f, 15.0f}});
-  out.push_back({"shifted_lse", {lse + 3.0f, coef(), coef(), coef(), 1.0f, 1.0f, 0.0f}});
+  // name, {lse, coef_p, coef_c, coef_h, shift, sbar_d, scale, softcap}; the
+  // entropy's shift the row's max (where finite), as the backends pass it.
+  const float m_f = float(shift);
+  out.push_back({"plain", {lse, coef(), 0.0f, 0.0f, 0.0f, 0.0f, 1.0f, 0.0f}});
+  out.push_back({"smooth", {lse, coef(), coef(), 0.0f, 0.0f, 0.0f, 0.7f, 0.0f}});
+  out.push_back({"entropy", {lse, coef(), 0.0f, coef(), m_f, rng.uniform(-3, 3), 1.0f, 0.0f}});
+  out.push_back({"all", {lse, coef(), coef(), coef(), m_f, rng.uniform(-3, 3), 1.3f, 0.0f}});
+  out.push_back({"cap", {lse, coef(), 0.0f, 0.0f, 0.0f, 0.0f, 1.0f, 30.0f}});
+  out.push_back({"all_cap", {lse, coef(), coef(), coef(), m_f, rng.uniform(-3, 3), 0.5f, 15.0f}});
+  out.push_back({"shifted_lse", {lse + 3.0f, coef(), coef(), coef(), m_f, 1.0f, 1.0f, 0.0f}});
+  // As the backends pass a row whose max is not finite: shift = lse, sbar_d
+  // NaN (the p == 0 terms still 0).
+  const bool finite = std::isfinite(m);
+  out.push_back({"entropy_as_passed",
+                 {lse, coef(), 0.0f, coef(), finite ? m_f : lse, finite ? -1.5f : NAN, 1.0f, 0.0f}});
   return out;
 }
 
 // Element bound (see the top of the file), with p = exp(fl(s - lse)) exact:
 //   A = coef_p p: exp 6u + mul 2u;  B = coef_c c: 2u;
-//   C = coef_h p (s - sbar): exp 6u + sub, mul, mul 6u;  two adds: 4u on all.
-//   => |d_v - d_r| <= 16u (|A| + |B| + |C|) =: ed (+ the subnormal slack: p's
-//   own, and 2^-150 per rounding once d is subnormal; |a dz| scales both).
+//   C = coef_h p ((s - shift) - sbar_d): exp 6u + sub, mul, mul 6u, and the
+//   inner sub's u |s - shift| relative to the difference's size: 2u |C_s|,
+//   C_s = coef_h p (s - shift);  two adds: 4u on all.
+//   => |d_v - d_r| <= 16u (|A| + |B| + |C| + |C_s|) =: ed (+ the subnormal
+//   slack: p's own, and 2^-150 per rounding once d is subnormal; |a dz|
+//   scales both).
 //   t = s/k vs s * (1/k): 4u |t|; 1 - t^2: 2|t| 4u|t| + 2u t^2 + 2u |1 - t^2|.
 //   g = a dz d: |a| (|dz| ed + |d| edz) + 4u |a dz d|.
 inline double dlogits_tolerance(float s, float c, const DlogitsParams& q) {
@@ -929,12 +939,15 @@ inline double dlogits_tolerance(float s, float c, const DlogitsParams& q) {
   const double p = std::exp(double(x));
   const double A = double(q.coef_p) * p;
   const double B = q.coef_c != 0 ? double(q.coef_c) * c : 0.0;
-  const double C = (q.coef_h != 0 && p != 0) ? double(q.coef_h) * p * (double(s) - q.sbar) : 0.0;
+  const bool h = q.coef_h != 0 && p != 0;
+  const double s_d = double(s) - q.shift, h_diff = s_d - q.sbar_d;
+  const double C = h ? double(q.coef_h) * p * h_diff : 0.0;
+  const double C_s = h ? double(q.coef_h) * p * s_d : 0.0;
   const double d = A + B - C;
-  const double ed = 16 * kU * (std::fabs(A) + std::fabs(B) + std::fabs(C)) +
+  const double ed = 16 * kU * (std::fabs(A) + std::fabs(B) + std::fabs(C) + std::fabs(C_s)) +
                     kTiny * std::fabs(q.coef_p) +
-                    (q.coef_h != 0 && std::isfinite(s)
-                         ? kTiny * std::fabs(q.coef_h) * std::fabs(double(s) - q.sbar)
+                    (q.coef_h != 0 && std::isfinite(h_diff)
+                         ? kTiny * std::fabs(q.coef_h) * std::fabs(h_diff)
                          : 0.0) +
                     0x1p-147;  // the roundings of d when it is subnormal, 2^-150 each
   double dz = 1, edz = 0;

@@ -229,10 +229,13 @@ std::string pick_gemm(const RunConfig& config, Dtype storage, const GemmEngine**
 
 // Per-row scalars of the current row block (README, Semantics).
 struct RowInfo {
-  double lse = 0, sbar = 0;  // sbar = sum_j p_ij s_ij
+  double lse = 0;
   // The lse as p, logp and the entropy take it (row_terms.h, lse_parts):
-  // shift + lse_d, and p_scale, the dlogits kernel's p's factor.
+  // shift + lse_d, and p_scale, the dlogits kernel's p's factor. Where
+  // the max is finite, shift is the max.
   double shift = 0, lse_d = 0, p_scale = 1;
+  double sbar_d = 0;         // sum_j p_ij (s_ij - shift), the entropy's mean score
+
   double s_y = 0;            // the label's score, for the forward outputs (0 if ignored)
   double filter_tau = 0;     // gradient filter: |G'_ij| <= filter_tau may be left out
   double uniform = 0;        // u_i, the smoothing's uniform term, when filter_uniform

@@ -227,17 +227,16 @@ void merge_rows(const Context& c, int64_t i0, int64_t rows) {
     const LseParts parts = lse_parts(info.lse, m.max, m.sum_exp, info.lse == formed);
     info.shift = parts.shift, info.lse_d = parts.lse_d, info.p_scale = parts.p_scale;
     const bool finite_max = std::isfinite(m.max);  // merge_states' maxima are never NaN
-    // sbar (an exp per tile) only where the entropy's sums were computed:
-    // its output and cotangent are its only readers. An infinite max makes
-    // every p_j = e^(s_j - lse) NaN (inf - inf), so sbar is NaN, as the
-    // oracle's sum gives. The entropy is lse_d - sbar_d.
+    // sbar_d (an exp per tile) only where the entropy's sums were
+    // computed: its output and cotangent are its only readers. An infinite
+    // max makes every p_j = e^(s_j - lse) NaN (inf - inf), so sbar_d is NaN,
+    // as the oracle's sum gives. The entropy is lse_d - sbar_d.
     double entropy = NAN;
     if (plan.softmax_extras & simd::kSoftmaxMoments) {
-      info.sbar = NAN;
+      info.sbar_d = NAN;
       if (finite_max) {
-        const double sbar_d = weighted_mean_score_d(st, plan.tiles, m.max, info.lse_d);
-        info.sbar = m.max + sbar_d;
-        entropy = info.lse_d - sbar_d;
+        info.sbar_d = weighted_mean_score_d(st, plan.tiles, m.max, info.lse_d);
+        entropy = info.lse_d - info.sbar_d;
       }
     }
     if (!info.ignored)
@@ -281,7 +280,7 @@ double label_column_grad(const Context& c, const RowInfo& info, double s_y, doub
   const double w_y = c.ws.class_w ? c.ws.class_w[info.y] : 1.0;
   const double p = std::exp((s_y - info.shift) - info.lse_d);
   double d = info.coef_p * p + coef_c * w_y - info.g_loss * (1 - o.label_smoothing) * w_y;
-  if (info.g_ent != 0) d -= info.g_ent * (p == 0 ? 0.0 : p * (s_y - info.sbar));
+  if (info.g_ent != 0) d -= info.g_ent * (p == 0 ? 0.0 : p * ((s_y - info.shift) - info.sbar_d));
   const double dsdz = o.softcap > 0 ? 1 - (s_y / o.softcap) * (s_y / o.softcap) : 1.0;
   return o.logit_scale * dsdz * d;
 }
@@ -296,7 +295,8 @@ void row_tile_grad(const Context& c, float* s, int64_t r, int64_t j0, int64_t n)
   q.coef_p = float(info.coef_p * info.p_scale);  // the kernel's p is e^(s - lse32)
   q.coef_c = plan.filter_uniform ? 0.0f : float(info.coef_c);  // G' = G - u c^T
   q.coef_h = float(info.g_ent * info.p_scale);
-  q.sbar = float(info.sbar);
+  q.shift = float(info.shift);  // the max, where sbar_d is finite
+  q.sbar_d = float(info.sbar_d);
   q.scale = float(o.logit_scale);
   q.softcap = float(o.softcap);
   const bool label_here = !info.ignored && info.y >= j0 && info.y < j0 + n;

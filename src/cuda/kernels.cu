@@ -352,17 +352,16 @@ __global__ void merge_rows_kernel(LossArgs g, const TileState* states, int64_t t
   // (row_terms.h, lse_parts); a saved lse with other bits than these
   // states' is taken as given. Without states the max is -inf.
   const LseParts parts = lse_parts(lse, max, sum_exp, lse == formed);
-  // sbar = sum_j p_j s_j = max + sbar_d; the entropy lse_d - sbar_d
+  // sbar_d = sum_j p_j (s_j - max); the entropy lse_d - sbar_d
   // (row_terms.h, tile_mean_score_d).
-  double sbar = 0, sbar_d = 0;
+  double sbar_d = 0;
   if (have_states) {
     if (max == INFINITY || max == -INFINITY) {  // every p_j is inf - inf: NaN, as the oracle's
-      sbar = sbar_d = NAN;
+      sbar_d = NAN;
     } else if (g.need_sbar) {
       for (int64_t t = lane; t < tiles; t += 32)
         sbar_d += tile_mean_score_d(st[t].max, st[t].sum_exp, st[t].sum_exp_d, max, parts.lse_d);
       sbar_d = warp_sum(sbar_d);
-      sbar = max + sbar_d;
     }
   }
   if (lane != 0) return;
@@ -384,7 +383,8 @@ __global__ void merge_rows_kernel(LossArgs g, const TileState* states, int64_t t
   const double g_lse = opt1(g.grad_lse, i, 0.0), g_ent = opt1(g.grad_entropy, i, 0.0);
   const LossConstants k{g.e, double(g.v), sc.class_sum, g.l};
   info.lse = lse;
-  info.sbar = sbar;
+  info.shift = parts.shift;  // the max, where sbar_d is finite
+  info.sbar_d = sbar_d;
   // The kernels' p is e^(s - lse32) (DlogitsRow), times p_scale: e^(s - lse).
   info.coef_p = grad_coef_p(k, g_loss, c_y, lse, g_lse) * parts.p_scale;
   info.coef_c = grad_coef_c(k, g_loss);

@@ -46,12 +46,13 @@ struct TileState {
 };
 
 // What the dlogits kernel needs of a row (README, backward):
-//   d_j = coef_p p_j + coef_c c_j - coef_h p_j (s_j - sbar), plus the label
-//   term -label_coef at j = y; g_j = a (1 - (s_j/k)^2) d_j. coef_p and
+//   d_j = coef_p p_j + coef_c c_j - coef_h p_j ((s_j - shift) - sbar_d), plus
+//   the label term -label_coef at j = y; g_j = a (1 - (s_j/k)^2) d_j. coef_p and
 //   coef_h hold the factor p_scale too (row_terms.h, lse_parts): the
 //   kernels form p_j as e^(s_j - lse32), lse32 the float32 of lse.
 struct RowInfo {
-  double lse, sbar, s_y;
+  double lse, s_y;
+  double shift, sbar_d;  // the row's max (where finite), sum_j p_j (s_j - shift)
   double coef_p, coef_c, coef_h, label_coef;
   int64_t y;  // label, or -1 when ignored
 };

@@ -221,11 +221,13 @@ struct DlogitsRow {
   TileParams q;
   float lse;
   ExpOffset lse_offset;  // exp_offset(lse)
-  float sbar, coef_p, coef_c, coef_h, label;
+  float shift, sbar_d;  // the entropy's s - sbar as (s - shift) - sbar_d: exact near the max
+  float coef_p, coef_c, coef_h, label;
   int y_col;  // the label's column in the tile, or -1
 
   __device__ DlogitsRow(const LossArgs& g, const RowInfo& info, int64_t j0, int cols)
-      : q(g, j0), lse(float(info.lse)), lse_offset(exp_offset(lse)), sbar(float(info.sbar)),
+      : q(g, j0), lse(float(info.lse)), lse_offset(exp_offset(lse)), shift(float(info.shift)),
+        sbar_d(float(info.sbar_d)),
         coef_p(float(info.coef_p)), coef_c(float(info.coef_c)), coef_h(float(info.coef_h)),
         label(float(info.label_coef)),
         y_col(info.y < 0 ? -1 : label_column(info.y, j0, cols)) {}
@@ -265,7 +267,7 @@ struct DlogitsRow {
     const float p = exp_at(s, lse_offset);
     float d = coef_p * p;
     if (coef_c != 0) d += coef_c * q.class_weight(c);
-    if (coef_h != 0) d -= coef_h * (p == 0 ? 0.0f : p * (s - sbar));
+    if (coef_h != 0) d -= coef_h * (p == 0 ? 0.0f : p * ((s - shift) - sbar_d));
     if (at_label) d -= label;
     return q.a * q.dsdz(s) * d;
   }

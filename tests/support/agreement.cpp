@@ -193,7 +193,7 @@ DenseProblem rows_of_huge_logits(int64_t v, MaskedRowsEntry entry, flce::Dtype i
       d.x[size_t(i * d.h)] = z, d.x[size_t(i * d.h + 1)] = step;
     d.labels.push_back((i * 7919 + 3) % v);
     d.grad_lse.push_back(0.5);
-    d.grad_entropy.push_back(0.0);  // present: a backward then runs the first pass too
+    d.grad_entropy.push_back(0.25);  // a backward then runs the first pass too
   }
   d.options.reduction = flce::Reduction::none;
   return d;
@@ -251,19 +251,32 @@ void expect_rows_masked_whole_are_uniform(const flce::RunConfig& config, int64_t
         EXPECT_NEAR(out.entropy[size_t(i)], entropy, sums * 17 + 2 * u * entropy);  // |d_j| <= 8
       }
       if (pass == flce::Pass::forward) continue;
-      // G_ij = (1 + g_lse) p_ij - [j = y]; the kernels' e^(s - lse32) within
-      // kFunctionUlps u, and 2 u |s - lse32| from its argument (cuda's
-      // exponent FMA with log2(e) rounded). A backward's saved lse (float32)
-      // is the row's own where it equals max + lse_d in double (the rows of
-      // one logit, whose lse_d that sum loses); else p is e^(s - saved).
+      // G_ij = (1 + g_lse) p_ij - [j = y] - g_ent p_ij (d_ij - sbar_d). The
+      // kernels' e^(s - lse32) is within kFunctionUlps u, and 2 u |s - lse32|
+      // from its argument (cuda's exponent FMA with log2(e) rounded): eps_p.
+      // The entropy term's d_ij - sbar_d is formed in float32 from d_ij
+      // (exact here) and sbar_d, whose sums are off by up to 17 `sums`, as
+      // the entropy's. A backward's saved lse (float32) is the row's own
+      // where it equals max + lse_d in double (the rows of one logit, whose
+      // lse_d that sum loses); else p is e^(s - saved).
       const bool given = pass == flce::Pass::backward && !(saved_lse[size_t(i)] == x.max + x.lse_d);
       const double lse_d = given ? saved_lse[size_t(i)] - x.max : x.lse_d;
-      const double g = 1 + d.grad_lse[size_t(i)];
+      const double g = 1 + d.grad_lse[size_t(i)], g_ent = d.grad_entropy[size_t(i)];
+      std::vector<double> p(static_cast<size_t>(v));
+      double sbar_d = 0;
+      for (int64_t j = 0; j < v; ++j) {
+        p[size_t(j)] = std::exp(x.d[size_t(j)] - lse_d);
+        sbar_d += p[size_t(j)] * x.d[size_t(j)];
+      }
       std::vector<double> want(static_cast<size_t>(v)), tol(static_cast<size_t>(v));
       for (int64_t j = 0; j < v; ++j) {
-        const double pj = std::exp(x.d[size_t(j)] - lse_d), gap = std::fabs(x.max + x.d[size_t(j)] - lse32);
-        want[size_t(j)] = g * pj - (j == y);
-        tol[size_t(j)] = 2 * u * std::fabs(want[size_t(j)]) + g * pj * (kFunctionUlps + 2 * gap + 4) * u;
+        const double pj = p[size_t(j)], dev = x.d[size_t(j)] - sbar_d;
+        const double gap = std::fabs(x.max + x.d[size_t(j)] - lse32);  // |s - lse32|
+        const double eps_p = (kFunctionUlps + 2 * gap + 4) * u;
+        want[size_t(j)] = g * pj - (j == y) - g_ent * pj * dev;
+        tol[size_t(j)] = 2 * u * std::fabs(want[size_t(j)]) + g * pj * eps_p +
+                         g_ent * pj *
+                             (std::fabs(dev) * (eps_p + 2 * u) + u * std::fabs(sbar_d) + 17 * sums);
       }
       if (d.logits_entry) {
         int64_t wrong = 0;

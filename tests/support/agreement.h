@@ -81,23 +81,26 @@ void expect_entropy_ignores_offset(const DenseProblem& d, const DenseProblem& mo
                                    ExpArguments exps = ExpArguments::exact_differences);
 
 // Rows whose logits all hold one value far from 0 (-1e30 and the lowest
-// float, masks; -1e17 and 1e17), through `config`'s backend, forward and
-// in a step (reduction none, g_lse = 1/2): p_ij = 1/V there as for any
-// common value (README, Semantics), though lse rounds to the logit itself,
-// whose ulp dwarfs log V. So lse is the logit, the loss and the entropy
-// log V, logprob -log V, and G_ij = (1 + g_lse)/V - [j = y_i]; with p as
-// e^(s_ij - lse32), p_ij was 1 and a G row summed to about V. The policy's
-// bounds say nothing there (its u |lse| terms exceed 1e22, or overflow to
-// NaN), so the rows are held to what a backend forming p, logp and the
-// entropy from d_ij = s_ij - max and lse_d = log sum_j e^(d_ij) leaves:
-// every d_ij is 0 and every sum of e^0 = 1 exact (V < 2^24), so lse_d =
-// log V in double and each output is one float32 rounding of it, u log V.
-// G_ij is at most two float32 roundings, of the double (1 + g_lse)/V times
-// e^0 and of the difference with the label term: u (|G_ij| + (1 + g_lse)/V).
-// Both doubled. The logits entry (float32) checks G itself; the head entry
-// (`inputs`: x_i = (z_i, 0, ...), W_j = (1, 0, ...), H = 16, so the logits
-// are the z_i exactly) checks grad_x_i0 = sum_j G_ij = g_lse: G's errors
-// above, its rounding to `inputs` where the backend multiplies in that
+// float, masks; -1e17 and 1e17), and one of 1e8 and 1e8 - 8 by turns (its
+// float32 lse is 1e8 + 8, not its max), through `config`'s backend in a
+// forward pass, a step and a backward from the forward's float32 lse
+// (reduction none, g_lse = 1/2, g_ent = 1/4; with an entropy cotangent
+// every backend runs the first pass again). The semantics give p_ij = 1/V
+// in a row of one value, as for any common value (README, Semantics),
+// though lse rounds to the logit itself, whose ulp dwarfs log V: lse is the
+// logit, the loss and entropy log V, and G_ij = (1 + g_lse)/V - [j = y_i];
+// with p as e^(s_ij - lse32), p_ij was 1 and a G row summed to about V.
+// The policy's bounds say nothing at such logits (its u |lse| terms exceed
+// 1, or overflow to NaN), so the rows are held to exact values computed
+// from d_ij = s_ij - max (exact here), with what a backend forming p, logp
+// and the entropy from d_ij and lse_d = log sum_j e^(d_ij) leaves: its
+// float32 sums and exponentials (`sums` = kFunctionUlps u + gamma_V) and
+// the outputs' float32 rounding; G within the kernels' exponential and its
+// argument's rounding, and two float32 roundings (the code says which).
+// The logits entry (float32) checks G itself; the head entry (`inputs`;
+// x_i = (z_i, -8 on the 1e8 row, 0, ...), W_j = (1, j odd, 0, ...), H =
+// 16, so the logits are exact) checks grad_x_ik = sum_j G_ij W_jk: G's
+// errors, its rounding to `inputs` where the backend multiplies in that
 // dtype (u_in |G_ij|), and the GEMM's float32 sum (gamma_V sum_j |G_ij|).
 enum class MaskedRowsEntry { logits, head };
 void expect_rows_masked_whole_are_uniform(const flce::RunConfig& config, int64_t v,
