@@ -497,9 +497,12 @@ TEST(CpuEdge, AVocabularyMaskAtTheLowestFloatKeepsTheEntropyFinite) {
 }
 
 // Rows of one huge logit (a row masked whole), over three tiles: p_ij =
-// 1/V, as the oracle gives (expect_rows_masked_whole_are_uniform). The
-// dlogits kernels' e^(s - lse32) was 1 there, and a G row summed to 1.5 V;
-// the loss and entropy came out 0. Logits, and heads in f32 and bf16.
+// 1/V, as the oracle gives, forward, in a step and in a backward from the
+// forward's lse; and a row at 1e8 with an entropy cotangent
+// (expect_rows_masked_whole_are_uniform). The dlogits kernels' e^(s -
+// lse32) was 1 there, and a G row summed to 1.5 V; the loss and entropy
+// came out 0; the entropy term at 1e8 lost u |s|. Logits, and heads in f32
+// and bf16.
 TEST(CpuEdge, ARowMaskedWholeIsUniform) {
   expect_rows_masked_whole_are_uniform(cpu(2), 2 * kTile + 5);
   for (Dtype dtype : {Dtype::f32, Dtype::bf16}) {

@@ -1198,7 +1198,8 @@ TEST_F(CudaGpu, AVocabularyMaskAtTheLowestFloatKeepsTheEntropyFinite) {
 }
 
 // As CpuEdge.ARowMaskedWholeIsUniform: rows of one huge logit give p_ij =
-// 1/V (expect_rows_masked_whole_are_uniform), through the generic kernels
+// 1/V, and a row at 1e8 its exact G with an entropy cotangent
+// (expect_rows_masked_whole_are_uniform), through the generic kernels
 // (logits; an f32 head; FLCE_CUDA_FUSED=0) and the fused ones (a bf16
 // head). The kernels' e^(s - lse32) was 1 there, and a G row summed to
 // 1.5 V; the loss and entropy came out 0.

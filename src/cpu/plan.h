@@ -235,7 +235,6 @@ struct RowInfo {
   // the max is finite, shift is the max.
   double shift = 0, lse_d = 0, p_scale = 1;
   double sbar_d = 0;         // sum_j p_ij (s_ij - shift), the entropy's mean score
-
   double s_y = 0;            // the label's score, for the forward outputs (0 if ignored)
   double filter_tau = 0;     // gradient filter: |G'_ij| <= filter_tau may be left out
   double uniform = 0;        // u_i, the smoothing's uniform term, when filter_uniform
