@@ -512,6 +512,16 @@ TEST(ReferenceEdge, ARowMaskedWholeIsUniform) {
   const Outputs bwd = run(d, st, Pass::backward, 0, fwd.lse);
   ASSERT_TRUE(fwd.status.ok() && bwd.status.ok()) << fwd.status.error << bwd.status.error;
   EXPECT_TRUE(identical("grad_logits", bwd.grad_logits, both.grad_logits));
+  // Float32 logits, the lse saved in float32: each row's lse is its float
+  // logit, which is also the row's lse in float64, so the backward still
+  // takes lse_d as its own (README). (With the float64 logits above, the
+  // float32 of -1e30 is 1.5e22 off the logits, and p overflows.)
+  Storage st32;
+  st32.inputs = st32.outputs = Dtype::f32;
+  const Outputs fwd32 = run(d, st32, Pass::forward);
+  const Outputs bwd32 = run(d, st32, Pass::backward, 0, fwd32.lse);
+  ASSERT_TRUE(fwd32.status.ok() && bwd32.status.ok()) << fwd32.status.error << bwd32.status.error;
+  EXPECT_TRUE(identical("grad_logits", bwd32.grad_logits, both.grad_logits));
 }
 
 TEST(ReferenceEdge, MeanWithZeroDenominatorDropsSmoothingAndZLossToo) {
