@@ -199,25 +199,6 @@ DenseProblem rows_of_huge_logits(int64_t v, MaskedRowsEntry entry, flce::Dtype i
   return d;
 }
 
-// Row i's exact statistics from d_ij = s_ij - max, which are exact here.
-struct HugeRow {
-  double max = 0, lse_d = 0, sbar_d = 0;
-  std::vector<double> d, p;
-};
-HugeRow huge_row(const DenseProblem& d, int64_t i) {
-  HugeRow r;
-  std::vector<double> s(size_t(d.v));
-  for (int64_t j = 0; j < d.v; ++j)
-    s[size_t(j)] = d.logits_entry ? d.logits[size_t(i * d.v + j)]
-                                  : d.x[size_t(i * d.h)] + d.x[size_t(i * d.h + 1)] * d.weight(j, 1);
-  r.max = *std::max_element(s.begin(), s.end());
-  double sum = 0;
-  for (double sj : s) r.d.push_back(sj - r.max), sum += std::exp(sj - r.max);
-  r.lse_d = std::log(sum);
-  for (double dj : r.d) r.p.push_back(std::exp(dj - r.lse_d)), r.sbar_d += r.p.back() * dj;
-  return r;
-}
-
 }  // namespace
 
 void expect_rows_masked_whole_are_uniform(const flce::RunConfig& config, int64_t v,
@@ -227,6 +208,7 @@ void expect_rows_masked_whole_are_uniform(const flce::RunConfig& config, int64_t
   st.inputs = inputs;
   st.reals = st.outputs = st.gradients = flce::Dtype::f32;
   const double u = 0x1p-24, sums = kFunctionUlps * u + gamma(double(v), u);
+  const BruteForce exact = brute_force(d);  // p and logp from s - max, as here
   std::vector<double> saved_lse;
   for (flce::Pass pass : {flce::Pass::forward, flce::Pass::loss_and_grad, flce::Pass::backward}) {
     SCOPED_TRACE(flce::pass_name(pass));
@@ -239,12 +221,13 @@ void expect_rows_masked_whole_are_uniform(const flce::RunConfig& config, int64_t
     ASSERT_TRUE(out.status.ok()) << out.status.error;
     if (pass == flce::Pass::forward) saved_lse = out.lse;
     for (int64_t i = 0; i < d.n; ++i) {
-      const HugeRow x = huge_row(d, i);
-      SCOPED_TRACE("row " + std::to_string(i) + ", max " + std::to_string(x.max));
+      const double* s = &exact.s[size_t(i * v)];
+      const double max = *std::max_element(s, s + v);
+      SCOPED_TRACE("row " + std::to_string(i) + ", max " + std::to_string(max));
       const int64_t y = d.labels[size_t(i)];
-      const double lse32 = round_to(x.max + x.lse_d, flce::Dtype::f32);
+      const double lse32 = round_to(exact.lse[size_t(i)], flce::Dtype::f32);
       if (pass != flce::Pass::backward) {
-        const double entropy = x.lse_d - x.sbar_d, logp_y = x.d[size_t(y)] - x.lse_d;
+        const double entropy = exact.entropy[size_t(i)], logp_y = exact.logprob[size_t(i)];
         EXPECT_EQ(out.lse[size_t(i)], lse32);
         EXPECT_NEAR(out.loss[size_t(i)], -logp_y, sums + 2 * u * std::fabs(logp_y));
         EXPECT_NEAR(out.logprob[size_t(i)], logp_y, sums + 2 * u * std::fabs(logp_y));
@@ -257,21 +240,20 @@ void expect_rows_masked_whole_are_uniform(const flce::RunConfig& config, int64_t
       // The entropy term's d_ij - sbar_d is formed in float32 from d_ij
       // (exact here) and sbar_d, whose sums are off by up to 17 `sums`, as
       // the entropy's. A backward's saved lse (float32) is the row's own
-      // where it equals max + lse_d in double (the rows of one logit, whose
-      // lse_d that sum loses); else p is e^(s - saved).
-      const bool given = pass == flce::Pass::backward && !(saved_lse[size_t(i)] == x.max + x.lse_d);
-      const double lse_d = given ? saved_lse[size_t(i)] - x.max : x.lse_d;
+      // where it equals the lse in double (the rows of one logit, whose
+      // log sum_j e^(d_ij) that sum loses); else p is e^(s - saved).
+      const double saved = pass == flce::Pass::backward ? saved_lse[size_t(i)] : exact.lse[size_t(i)];
       const double g = 1 + d.grad_lse[size_t(i)], g_ent = d.grad_entropy[size_t(i)];
-      std::vector<double> p(static_cast<size_t>(v));
+      std::vector<double> p(exact.p.begin() + i * v, exact.p.begin() + (i + 1) * v);
       double sbar_d = 0;
       for (int64_t j = 0; j < v; ++j) {
-        p[size_t(j)] = std::exp(x.d[size_t(j)] - lse_d);
-        sbar_d += p[size_t(j)] * x.d[size_t(j)];
+        if (!(saved == exact.lse[size_t(i)])) p[size_t(j)] = std::exp((s[j] - max) - (saved - max));
+        sbar_d += p[size_t(j)] * (s[j] - max);
       }
       std::vector<double> want(static_cast<size_t>(v)), tol(static_cast<size_t>(v));
       for (int64_t j = 0; j < v; ++j) {
-        const double pj = p[size_t(j)], dev = x.d[size_t(j)] - sbar_d;
-        const double gap = std::fabs(x.max + x.d[size_t(j)] - lse32);  // |s - lse32|
+        const double pj = p[size_t(j)], dev = (s[j] - max) - sbar_d;
+        const double gap = std::fabs(s[j] - lse32);
         const double eps_p = (kFunctionUlps + 2 * gap + 4) * u;
         want[size_t(j)] = g * pj - (j == y) - g_ent * pj * dev;
         tol[size_t(j)] = 2 * u * std::fabs(want[size_t(j)]) + g * pj * eps_p +
