@@ -74,6 +74,16 @@ FLCE_HOST_DEVICE inline double tile_mean_score_d(float max_t, float sum_exp_t, f
   return weight * (double(sum_exp_d_t) + (double(max_t) - m) * double(sum_exp_t));
 }
 
+// A row's lse from its merged states: max + log sum_exp (sum_exp =
+// sum_j e^(s_ij - max)); NaN with a NaN score; an infinite max is not
+// subtracted (as torch.logsumexp), so +inf scores give +inf, and a row of
+// -inf scores gives -inf.
+FLCE_HOST_DEVICE inline double merged_lse(bool has_nan, double max, double sum_exp) {
+  if (has_nan) return NAN;
+  if (max == INFINITY || max == -INFINITY) return max;
+  return max + log(sum_exp);
+}
+
 // How a row's p, logp and entropy take its lse: as shift + lse_d, and the
 // dlogits kernels' p, e^(s_ij - lse32) with lse32 the lse in float32, times
 // p_scale (through coef_p and coef_h). lse32's rounding at a large max m is

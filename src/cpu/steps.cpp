@@ -162,13 +162,6 @@ double weighted_mean_score_d(const simd::SoftmaxState* st, int64_t tiles, double
   return sbar_d;
 }
 
-double lse_of(const Merged& m) {
-  if (m.first_nan >= 0) return NAN;
-  if (m.max == INFINITY) return INFINITY;   // as torch.logsumexp
-  if (m.max == -INFINITY) return -INFINITY;  // every score -inf
-  return m.max + std::log(m.sum_exp);
-}
-
 // The row's filter threshold kappa_i * eps, kappa_i = a (|coef_p| + |g_ent|):
 // |G_ij| / kappa_i is p_ij - [j = y_i] for a plain cross-entropy, the
 // quantity Cut Cross-Entropy filters on. With label smoothing (and no
@@ -219,7 +212,7 @@ void merge_rows(const Context& c, int64_t i0, int64_t rows) {
     const Merged m = merge_states(st, plan.tiles);
     RowInfo& info = c.ws.rows[r];
     info = labelled_row(c, i);
-    const double formed = lse_of(m);
+    const double formed = merged_lse(m.first_nan >= 0, m.max, m.sum_exp);
     info.lse = plan.pass == Pass::backward ? load(p.lse, i) : formed;
     // p, logp and the entropy from differences to the max, as the oracle's
     // (row_terms.h, lse_parts); a saved lse with other bits than this

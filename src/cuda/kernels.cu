@@ -342,11 +342,7 @@ __global__ void merge_rows_kernel(LossArgs g, const TileState* states, int64_t t
       if (st[t].max != -kInf) sum_exp += double(st[t].sum_exp) * exp(double(st[t].max) - max);
     sum_exp = warp_sum(sum_exp);
   }
-  double formed;  // the lse of these states
-  if (first_nan >= 0) formed = NAN;
-  else if (max == INFINITY) formed = INFINITY;
-  else if (max == -INFINITY) formed = -INFINITY;
-  else formed = max + log(sum_exp);
+  const double formed = merged_lse(first_nan >= 0, max, sum_exp);  // the lse of these states
   const double lse = g.backward ? load1(g.lse_in, i) : formed;
   // p, logp and the entropy from differences to the max, as the oracle's
   // (row_terms.h, lse_parts); a saved lse with other bits than these
